@@ -1,0 +1,61 @@
+# proxymode: the stable interface. `make test` and `make demo` work on a fresh machine:
+# they create the virtualenv, build (or reuse) the control-plane binaries, and run.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+SANDBOX ?= .sandbox
+PYTEST_ARGS ?=
+
+.PHONY: help crds venv binaries sandbox sandbox-down sandbox-status demo lint test test-unit test-sandbox clean
+
+help:
+	@echo "make demo          bring up the sandbox and show the cluster"
+	@echo "make test          lint, type-check and run the whole suite"
+	@echo "make sandbox       start the sandbox (.sandbox/env has KUBECONFIG and PATH)"
+	@echo "make sandbox-down  stop every sandbox process and remove its state"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+venv: $(STAMP)
+
+binaries:
+	@bash sandbox/build-binaries.sh >/dev/null
+
+sandbox: venv binaries
+	$(PY) -m proxymode_sandbox --dir $(SANDBOX) up
+
+sandbox-down: venv
+	$(PY) -m proxymode_sandbox --dir $(SANDBOX) down
+
+sandbox-status: venv
+	$(PY) -m proxymode_sandbox --dir $(SANDBOX) status
+
+demo: sandbox
+	$(PY) -m proxymode_sandbox --dir $(SANDBOX) show
+
+crds: venv
+	$(PY) -m proxymode.api.crd > crds/proxymode.io_proxymodepolicies.yaml
+
+lint: venv
+	$(VENV)/bin/ruff check operator sandbox tests
+	$(VENV)/bin/ruff format --check operator sandbox tests
+	$(VENV)/bin/mypy
+
+test: venv binaries lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-sandbox: venv binaries
+	$(PY) -m pytest tests/sandbox $(PYTEST_ARGS)
+
+clean: sandbox-down
+	rm -rf $(VENV) build dist *.egg-info

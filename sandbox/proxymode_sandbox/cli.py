@@ -1,0 +1,135 @@
+"""``proxymode-sandbox``: the command behind ``make sandbox``, ``make sandbox-down`` and the demo.
+
+    proxymode-sandbox up [--nodes N] [--canary N] [--legacy N]
+    proxymode-sandbox down
+    proxymode-sandbox status
+    proxymode-sandbox show            # nodes by pool and the kube-proxy pod on each
+    proxymode-sandbox node add POOL | node remove NAME
+    proxymode-sandbox crashloop NAMESPACE POD [--off]
+
+The state directory is ``.sandbox`` unless ``--dir`` or ``PROXYMODE_SANDBOX`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from proxymode_sandbox.cluster import DEFAULT_STATE_DIR, Sandbox, SandboxConfig, SandboxError
+from proxymode_sandbox.show import render_cluster
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="proxymode-sandbox",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=Path(os.environ.get("PROXYMODE_SANDBOX", DEFAULT_STATE_DIR)),
+        help="state directory (default: .sandbox)",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the control plane, nodes and kube-proxy")
+    up.add_argument("--nodes", type=int, default=6)
+    up.add_argument("--canary", type=int, default=2, help="nodes in the canary pool")
+    up.add_argument(
+        "--legacy",
+        type=int,
+        default=0,
+        help="nodes in a pool with a kernel older than 5.13 (RHEL 8)",
+    )
+    up.add_argument(
+        "--proxy-mode", default="iptables", choices=["iptables", "ipvs", "nftables", ""]
+    )
+    sub.add_parser("down", help="stop every sandbox process and remove the state")
+    sub.add_parser("status", help="report which components run")
+    sub.add_parser("show", help="nodes by pool and the kube-proxy pod on each")
+    node = sub.add_parser("node", help="add or remove a node while the sandbox runs")
+    node_sub = node.add_subparsers(dest="action", required=True)
+    node_sub.add_parser("add").add_argument("pool")
+    node_sub.add_parser("remove").add_argument("name")
+    crash = sub.add_parser("crashloop", help="make a pod crash-loop (or stop, with --off)")
+    crash.add_argument("namespace")
+    crash.add_argument("pod")
+    crash.add_argument("--off", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    config = SandboxConfig(state_dir=args.dir)
+    if args.command == "up":
+        config.nodes, config.canary_nodes, config.legacy_nodes = (
+            args.nodes,
+            args.canary,
+            args.legacy,
+        )
+        config.proxy_mode = args.proxy_mode
+    sandbox = Sandbox(config)
+    try:
+        return _run(sandbox, args)
+    except SandboxError as e:
+        print(f"proxymode-sandbox: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(sandbox: Sandbox, args: argparse.Namespace) -> int:
+    if args.command == "up":
+        if sandbox.status().healthy:
+            print(f"sandbox already running in {sandbox.dir} ({sandbox.server})")
+            return 0
+        start = time.monotonic()
+        report = sandbox.up(log=lambda line: print(f"  {line}", flush=True))
+        print(
+            f"sandbox up in {time.monotonic() - start:.1f}s: Kubernetes "
+            f"{sandbox.kubernetes_version} at {sandbox.server}"
+        )
+        print(f"  source {sandbox.env_file} to use kubectl and helm against it")
+        del report
+        return 0
+    if args.command == "down":
+        stopped = sandbox.down()
+        print(
+            f"sandbox down: stopped {', '.join(stopped) if stopped else 'nothing (none running)'}"
+        )
+        return 0
+    if args.command == "status":
+        return _status(sandbox)
+    if not sandbox.status().healthy:
+        print(f"no healthy sandbox in {sandbox.dir}; run `make sandbox`", file=sys.stderr)
+        return 1
+    if args.command == "show":
+        print(render_cluster(sandbox))
+    elif args.command == "node" and args.action == "add":
+        print(f"node {sandbox.add_node(args.pool)} added and Ready")
+    elif args.command == "node":
+        sandbox.remove_node(args.name)
+        print(f"node {args.name} removed")
+    elif args.command == "crashloop":
+        sandbox.set_crashloop(args.namespace, args.pod, on=not args.off)
+    return 0
+
+
+def _status(sandbox: Sandbox) -> int:
+    st = sandbox.status()
+    if not st.exists:
+        print(f"no sandbox in {st.state_dir}")
+        return 1
+    print(f"sandbox {st.state_dir}: Kubernetes {st.kubernetes_version} at {st.server}")
+    for c in st.components:
+        print(f"  {c.name:<24} pid {c.pid:<8} {'running' if c.running else 'NOT RUNNING'}")
+        if not c.running:
+            print("    last lines of " + str(c.log) + ":")
+            for line in c.log_tail.splitlines():
+                print(f"      {line}")
+    return 0 if st.healthy else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,642 @@
+"""The sandbox's lifecycle: bring a real control plane up, report on it, take it down.
+
+``up`` runs etcd, kube-apiserver (TLS, RBAC, ServiceAccount signing),
+kube-controller-manager, kube-scheduler and kwok on free loopback ports, registers
+simulated nodes and installs kube-proxy the kubeadm way, then waits until every
+node is Ready and every kube-proxy pod is Ready. Everything lives in one state
+directory; ``down`` stops every process whose command line names that directory
+and removes it, so nothing outlives the sandbox even after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from proxymode_sandbox import kubeadm_proxy, process
+from proxymode_sandbox.binaries import binary_dir
+from proxymode_sandbox.certs import CertificateAuthority, service_account_signing_key
+from proxymode_sandbox.kubeconfig import write_kubeconfig
+from proxymode_sandbox.process import ProcessRecord
+from proxymode_sandbox.topology import PoolSpec, Topology, node_manifest
+
+STATE_FILE = "state.json"
+CRASHLOOP_ANNOTATION = "sandbox.proxymode.io/crashloop"
+SERVICE_CIDR = "10.96.0.0/16"
+CLUSTER_CIDR = "10.244.0.0/16"
+NODE_IP_PREFIX = "127.0.10."  # node InternalIPs live on loopback: reachable, never leave the host
+DEFAULT_STATE_DIR = Path(".sandbox")
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be brought up or used; the message says which part failed and why."""
+
+
+@dataclass
+class SandboxConfig:
+    """How to build a sandbox. The defaults are the demo's 6-node cluster."""
+
+    state_dir: Path = DEFAULT_STATE_DIR
+    nodes: int = 6
+    canary_nodes: int = 2
+    legacy_nodes: int = 0
+    proxy_mode: str = "iptables"
+    ready_timeout: float = 180.0
+
+    def topology(self) -> Topology:
+        return Topology.sized(self.nodes, self.canary_nodes, self.legacy_nodes)
+
+
+@dataclass
+class ComponentStatus:
+    name: str
+    pid: int
+    running: bool
+    log: Path
+    log_tail: str = ""
+
+
+@dataclass
+class SandboxStatus:
+    """What ``status`` reports: which components run, and where to reach the API."""
+
+    state_dir: Path
+    exists: bool
+    server: str = ""
+    kubernetes_version: str = ""
+    components: list[ComponentStatus] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return self.exists and bool(self.components) and all(c.running for c in self.components)
+
+
+@dataclass
+class UpReport:
+    """Timings of one ``up``, in seconds, by phase."""
+
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.phases.values())
+
+
+class Sandbox:
+    """A sandbox rooted at one state directory."""
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        self.config = config or SandboxConfig()
+        self.dir = self.config.state_dir.resolve()
+        self._state: dict[str, Any] = self._load_state()
+
+    # -- paths --
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig (``system:masters``)."""
+        return self.dir / "kubeconfig"
+
+    @property
+    def env_file(self) -> Path:
+        """A file a shell can ``source`` to drive the sandbox with ordinary tools."""
+        return self.dir / "env"
+
+    @property
+    def bin_dir(self) -> Path:
+        """kubectl and helm, linked from the build cache."""
+        return self.dir / "bin"
+
+    @property
+    def pki(self) -> Path:
+        return self.dir / "pki"
+
+    @property
+    def server(self) -> str:
+        return str(self._state.get("server", ""))
+
+    @property
+    def kubernetes_version(self) -> str:
+        return str(self._state.get("kubernetesVersion", ""))
+
+    @property
+    def marker(self) -> str:
+        """The string every component's command line contains: the state directory."""
+        return str(self.dir)
+
+    # -- state --
+
+    def _load_state(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads((self.dir / STATE_FILE).read_text())
+        except FileNotFoundError:
+            return {}
+        return data
+
+    def _save_state(self) -> None:
+        (self.dir / STATE_FILE).write_text(json.dumps(self._state, indent=2, sort_keys=True))
+
+    def _records(self) -> list[ProcessRecord]:
+        return [ProcessRecord.from_json(p) for p in self._state.get("processes", [])]
+
+    def _add_record(self, record: ProcessRecord) -> None:
+        self._state.setdefault("processes", []).append(record.to_json())
+        self._save_state()
+
+    # -- lifecycle --
+
+    def up(self, log: Callable[[str], None] = lambda _: None) -> UpReport:
+        """Bring the sandbox up and wait until it is usable.
+
+        Raises ``SandboxError`` (with the failing component's last log lines) and
+        stops whatever it started when any part does not come up.
+        """
+        status = self.status()
+        if status.healthy:
+            raise SandboxError(f"a sandbox is already running in {self.dir}; `down` it first")
+        if status.exists:
+            self.down()
+        report = UpReport()
+        try:
+            self._up(report, log)
+        except BaseException:
+            self._stop_processes()
+            raise
+        return report
+
+    def _phase(self, report: UpReport, name: str, log: Callable[[str], None]) -> _PhaseTimer:
+        return _PhaseTimer(report, name, log)
+
+    def _up(self, report: UpReport, log: Callable[[str], None]) -> None:
+        with self._phase(report, "binaries", log):
+            bins = binary_dir()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for sub in ("logs", "pki", "bin"):
+            (self.dir / sub).mkdir(exist_ok=True)
+        version = _binary_version(bins / "kube-apiserver")
+        ports = {
+            k: process.free_port() for k in ("etcd", "etcdPeer", "apiserver", "kcm", "scheduler")
+        }
+        server = f"https://127.0.0.1:{ports['apiserver']}"
+        self._state = {
+            "binDir": str(bins),
+            "kubernetesVersion": version,
+            "server": server,
+            "ports": ports,
+            "processes": [],
+            "topology": [p.__dict__ for p in self.config.topology().pools],
+            "proxyMode": self.config.proxy_mode,
+        }
+        self._save_state()
+        for tool in ("kubectl", "helm"):
+            link = self.bin_dir / tool
+            link.unlink(missing_ok=True)
+            link.symlink_to(bins / tool)
+
+        with self._phase(report, "certificates", log):
+            self._write_pki(server)
+        with self._phase(report, "etcd", log):
+            self._start_etcd(bins, ports)
+        with self._phase(report, "kube-apiserver", log):
+            self._start_apiserver(bins, ports, server)
+        with self._phase(report, "controllers", log):
+            self._start_controllers(bins, ports)
+        with self._phase(report, "kube-proxy", log):
+            self.apply(kubeadm_proxy.manifests(server, version, self.config.proxy_mode))
+        with self._phase(report, "nodes", log):
+            for pool in self.config.topology().pools:
+                for i in range(1, pool.count + 1):
+                    self._create_node(pool, i)
+            self.wait_nodes_ready()
+            self.wait_kube_proxy_ready()
+        self._write_env()
+
+    def down(self) -> list[str]:
+        """Stop every process of this sandbox and remove its state directory.
+
+        Returns the names of the components that were still running.
+        """
+        stopped = self._stop_processes()
+        if self.dir.exists():
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self._state = {}
+        return stopped
+
+    def _stop_processes(self) -> list[str]:
+        records = self._records()
+        running = [r for r in records if process.alive(r, self.marker)]
+        # Stop in reverse start order (kwok and controllers before the API server, etcd last),
+        # then anything else that mentions the state directory (a child, a half-started process).
+        for record in reversed(running):
+            process.stop_pids([record.pid])
+        process.stop_pids(process.pids_referencing(self.marker))
+        return [r.name for r in running]
+
+    def status(self) -> SandboxStatus:
+        """Which components run; a dead one comes with the last lines of its log."""
+        self._state = self._load_state()
+        result = SandboxStatus(
+            state_dir=self.dir,
+            exists=bool(self._state),
+            server=self.server,
+            kubernetes_version=self.kubernetes_version,
+        )
+        for record in self._records():
+            running = process.alive(record, self.marker)
+            result.components.append(
+                ComponentStatus(
+                    name=record.name,
+                    pid=record.pid,
+                    running=running,
+                    log=record.log,
+                    log_tail="" if running else process.log_tail(record.log),
+                )
+            )
+        return result
+
+    # -- components --
+
+    def _write_pki(self, server: str) -> None:
+        ca = CertificateAuthority()
+        ca.pair.write(self.pki, "ca")
+        ca.issue(
+            "kube-apiserver",
+            dns_names=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            ip_addresses=("127.0.0.1", "10.96.0.1"),
+            server=True,
+        ).write(self.pki, "apiserver")
+        service_account_signing_key().write(self.pki, "sa")
+        ca_pem = ca.pair.cert_pem
+        identities = {
+            "kubeconfig": ("kubernetes-admin", ("system:masters",)),
+            "controller-manager.kubeconfig": ("system:kube-controller-manager", ()),
+            "scheduler.kubeconfig": ("system:kube-scheduler", ()),
+            "kwok.kubeconfig": ("kwok-controller", ("system:masters",)),
+        }
+        for filename, (cn, orgs) in identities.items():
+            pair = ca.issue(cn, organizations=orgs, client=True)
+            write_kubeconfig(self.dir / filename, server, ca_pem, user=cn, client=pair)
+
+    def _start(self, name: str, argv: Sequence[str]) -> ProcessRecord:
+        record = process.start(name, argv, self.dir / "logs" / f"{name}.log")
+        self._add_record(record)
+        return record
+
+    def _start_etcd(self, bins: Path, ports: dict[str, int]) -> None:
+        client = f"http://127.0.0.1:{ports['etcd']}"
+        peer = f"http://127.0.0.1:{ports['etcdPeer']}"
+        record = self._start(
+            "etcd",
+            [
+                str(bins / "etcd"),
+                "--name=sandbox",
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=sandbox={peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_http(record, f"{client}/health", "etcd")
+
+    def _start_apiserver(self, bins: Path, ports: dict[str, int], server: str) -> None:
+        pki = self.pki
+        record = self._start(
+            "kube-apiserver",
+            [
+                str(bins / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['apiserver']}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.crt'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+                f"--cert-dir={self.dir / 'apiserver-certs'}",
+            ],
+        )
+        self._wait_http(record, f"{server}/readyz", "kube-apiserver", tls=True)
+
+    def _start_controllers(self, bins: Path, ports: dict[str, int]) -> None:
+        pki = self.pki
+        kcm_kc = self.dir / "controller-manager.kubeconfig"
+        sched_kc = self.dir / "scheduler.kubeconfig"
+        kcm = self._start(
+            "kube-controller-manager",
+            [
+                str(bins / "kube-controller-manager"),
+                f"--kubeconfig={kcm_kc}",
+                f"--authentication-kubeconfig={kcm_kc}",
+                f"--authorization-kubeconfig={kcm_kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['kcm']}",
+                f"--cert-dir={self.dir / 'kcm-certs'}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--cluster-name=proxymode-sandbox",
+                "--controllers=*,bootstrapsigner,tokencleaner",
+            ],
+        )
+        sched = self._start(
+            "kube-scheduler",
+            [
+                str(bins / "kube-scheduler"),
+                f"--kubeconfig={sched_kc}",
+                f"--authentication-kubeconfig={sched_kc}",
+                f"--authorization-kubeconfig={sched_kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['scheduler']}",
+                f"--cert-dir={self.dir / 'scheduler-certs'}",
+                "--leader-elect=false",
+            ],
+        )
+        stages = self.dir / "kwok-stages.yaml"
+        stages.write_text(
+            resources.files("proxymode_sandbox").joinpath("data/kwok-stages.yaml").read_text()
+        )
+        kwok = self._start(
+            "kwok",
+            [
+                str(bins / "kwok"),
+                f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--config={stages}",
+                "--node-lease-duration-seconds=40",
+                f"--cidr={CLUSTER_CIDR}",
+            ],
+        )
+        self._wait_http(
+            kcm,
+            f"https://127.0.0.1:{ports['kcm']}/healthz",
+            "kube-controller-manager",
+            tls=True,
+            verify=False,
+        )
+        self._wait_http(
+            sched,
+            f"https://127.0.0.1:{ports['scheduler']}/healthz",
+            "kube-scheduler",
+            tls=True,
+            verify=False,
+        )
+        self._check_alive(kwok)
+
+    # -- waiting --
+
+    def _check_alive(self, record: ProcessRecord) -> None:
+        if not process.alive(record, self.marker):
+            raise SandboxError(
+                f"{record.name} exited during start-up; last lines of {record.log}:\n"
+                f"{process.log_tail(record.log)}"
+            )
+
+    def _ssl_context(self, verify: bool) -> ssl.SSLContext:
+        if not verify:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            return ctx
+        return ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+
+    def _wait_http(
+        self, record: ProcessRecord, url: str, what: str, *, tls: bool = False, verify: bool = True
+    ) -> None:
+        """Poll ``url`` until it answers 200, failing fast when the process dies."""
+        ctx = self._ssl_context(verify) if tls else None
+        deadline = time.monotonic() + self.config.ready_timeout
+        last = ""
+        while time.monotonic() < deadline:
+            self._check_alive(record)
+            try:
+                req = urllib.request.Request(url)  # noqa: S310 - our own loopback URL
+                with urllib.request.urlopen(req, timeout=2, context=ctx) as resp:  # noqa: S310
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}"
+            except urllib.error.HTTPError as e:
+                last = f"HTTP {e.code}: {e.read()[:300]!r}"
+            except (urllib.error.URLError, OSError) as e:
+                last = str(e)
+            time.sleep(0.2)
+        raise SandboxError(
+            f"{what} did not become ready at {url} within {self.config.ready_timeout:.0f}s "
+            f"(last answer: {last}); last lines of {record.log}:\n{process.log_tail(record.log)}"
+        )
+
+    def _wait(self, what: str, check: Callable[[], str | None]) -> None:
+        """Poll ``check`` (None = done, else why not yet) while watching every component."""
+        deadline = time.monotonic() + self.config.ready_timeout
+        why: str | None = "not checked"
+        while time.monotonic() < deadline:
+            for record in self._records():
+                self._check_alive(record)
+            why = check()
+            if why is None:
+                return
+            time.sleep(0.5)
+        raise SandboxError(
+            f"timed out after {self.config.ready_timeout:.0f}s waiting for {what}: {why}"
+        )
+
+    def wait_nodes_ready(self) -> None:
+        """Wait until every sandbox node reports Ready."""
+
+        def check() -> str | None:
+            nodes = self.get_json("nodes")["items"]
+            expected = set(self.node_names())
+            ready = {n["metadata"]["name"] for n in nodes if _condition(n, "Ready") == "True"}
+            missing = sorted(expected - ready)
+            return f"not Ready: {', '.join(missing)}" if missing else None
+
+        self._wait("nodes to be Ready", check)
+
+    def wait_kube_proxy_ready(self) -> None:
+        """Wait until the kube-proxy DaemonSet has a Ready pod on every node."""
+
+        def check() -> str | None:
+            ds = self.get_json("daemonset", kubeadm_proxy.NAME, namespace=kubeadm_proxy.NAMESPACE)
+            st = ds.get("status", {})
+            want = len(self.node_names())
+            if st.get("observedGeneration") != ds["metadata"]["generation"]:
+                return "DaemonSet status not observed yet"
+            got = (st.get("desiredNumberScheduled"), st.get("numberReady"))
+            return None if got == (want, want) else f"desired/ready {got}, want {want}"
+
+        self._wait("kube-proxy to be Ready on every node", check)
+
+    # -- kubectl and objects --
+
+    def kubectl(
+        self, *args: str, input_text: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the sandbox's kubectl as admin."""
+        bins = Path(self._state["binDir"])
+        proc = subprocess.run(
+            [str(bins / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input_text,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise SandboxError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc
+
+    def get_json(self, kind: str, name: str = "", namespace: str = "") -> dict[str, Any]:
+        args = ["get", kind, *([name] if name else []), "-o", "json"]
+        if namespace:
+            args += ["-n", namespace]
+        data: dict[str, Any] = json.loads(self.kubectl(*args).stdout)
+        return data
+
+    def apply(self, objects: Iterable[dict[str, Any]]) -> None:
+        """Server-side apply ``objects`` as the sandbox's field manager."""
+        text = yaml.safe_dump_all(list(objects), sort_keys=False)
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "--field-manager=proxymode-sandbox",
+            "-f",
+            "-",
+            input_text=text,
+        )
+
+    # -- nodes and faults --
+
+    def node_names(self) -> list[str]:
+        return sorted(self._state.get("nodes", []))
+
+    def _pool(self, name: str) -> PoolSpec:
+        for p in self._state.get("topology", []):
+            if p["name"] == name:
+                return PoolSpec(**p)
+        defaults = {p.name: p for p in Topology.sized(3, 1, 1).pools}
+        if name in defaults:
+            return defaults[name]
+        raise SandboxError(f"unknown pool {name!r}")
+
+    def _create_node(self, pool: PoolSpec, index: int) -> str:
+        name = f"{pool.name}-{index}"
+        number = int(self._state.get("nodeCounter", 0)) + 1
+        manifest = node_manifest(name, pool, index, self.kubernetes_version)
+        ip = f"{NODE_IP_PREFIX}{number}"
+        manifest["status"]["addresses"] = [
+            {"type": "InternalIP", "address": ip},
+            {"type": "Hostname", "address": name},
+        ]
+        self.kubectl("create", "-f", "-", input_text=json.dumps(manifest))
+        self._state["nodeCounter"] = number
+        self._state.setdefault("nodes", []).append(name)
+        self._save_state()
+        return name
+
+    def add_node(self, pool: str, wait: bool = True) -> str:
+        """Register one more node in ``pool`` (as when a node group scales up)."""
+        spec = self._pool(pool)
+        taken = {n for n in self.node_names() if n.startswith(f"{pool}-")}
+        index = 1
+        while f"{pool}-{index}" in taken:
+            index += 1
+        name = self._create_node(spec, index)
+        if wait:
+            self.wait_nodes_ready()
+        return name
+
+    def remove_node(self, name: str) -> None:
+        """Delete a node as a node group scaling down does; its pods go with it.
+
+        The pod garbage collector would remove the orphaned pods after its quarantine
+        (about a minute); the sandbox removes them at once, as a drained node would.
+        """
+        self.kubectl("delete", "node", name, "--wait=true")
+        self.kubectl(
+            "delete",
+            "pods",
+            "--all-namespaces",
+            f"--field-selector=spec.nodeName={name}",
+            "--grace-period=0",
+            "--force",
+            "--wait=true",
+        )
+        self._state["nodes"] = [n for n in self.node_names() if n != name]
+        self._save_state()
+
+    def set_crashloop(self, namespace: str, pod: str, on: bool = True) -> None:
+        """Make a pod crash-loop (never Ready, restarts rising) or stop marking it."""
+        value = f"{CRASHLOOP_ANNOTATION}=true" if on else f"{CRASHLOOP_ANNOTATION}-"
+        self.kubectl("annotate", "pod", pod, "-n", namespace, value, "--overwrite")
+
+    # -- env --
+
+    def _write_env(self) -> None:
+        lines = [
+            "# Source this file to drive the proxymode sandbox with kubectl and helm.",
+            f"export KUBECONFIG={self.kubeconfig}",
+            f"export PATH={self.bin_dir}:$PATH",
+            f"export PROXYMODE_SANDBOX={self.dir}",
+        ]
+        self.env_file.write_text("\n".join(lines) + "\n")
+
+
+class _PhaseTimer:
+    def __init__(self, report: UpReport, name: str, log: Callable[[str], None]) -> None:
+        self.report, self.name, self.log = report, name, log
+        self.start = 0.0
+
+    def __enter__(self) -> None:
+        self.start = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.monotonic() - self.start
+        self.report.phases[self.name] = elapsed
+        if exc[0] is None:
+            self.log(f"{self.name}: {elapsed:.1f}s")
+
+
+def _condition(obj: dict[str, Any], kind: str) -> str | None:
+    for cond in obj.get("status", {}).get("conditions", []) or []:
+        if cond.get("type") == kind:
+            return str(cond.get("status"))
+    return None
+
+
+def _binary_version(binary: Path) -> str:
+    """The gitVersion a Kubernetes binary reports (``--version`` prints ``Kubernetes vX.Y.Z``)."""
+    out = subprocess.run(
+        [str(binary), "--version"], capture_output=True, text=True, check=True, env={**os.environ}
+    ).stdout
+    return out.split()[-1]

@@ -1,0 +1,151 @@
+"""Start, watch and stop the sandbox's component processes.
+
+Each component runs in its own session (so one signal reaches it and anything it
+forks), logs to a file in the state directory, and is identified by pid *and* by
+its command line naming the state directory, so a recycled pid is never killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+LOG_TAIL_LINES = 25
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now.
+
+    There is a window between closing this socket and the component binding it;
+    callers that lose that race see the component exit and report it.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file, or a note that it is missing."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """What the state file keeps about one running component."""
+
+    name: str
+    pid: int
+    log: Path
+
+    def to_json(self) -> dict[str, object]:
+        return {"name": self.name, "pid": self.pid, "log": str(self.log)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> ProcessRecord:
+        return cls(name=str(data["name"]), pid=int(str(data["pid"])), log=Path(str(data["log"])))
+
+
+def start(
+    name: str, argv: Sequence[str], log: Path, env: dict[str, str] | None = None
+) -> ProcessRecord:
+    """Start ``argv`` detached from the caller's session, logging to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    return ProcessRecord(name=name, pid=proc.pid, log=log)
+
+
+def _cmdline(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace")
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def _reap(pid: int) -> None:
+    """Collect a child we started in this process, so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def alive(record: ProcessRecord, marker: str) -> bool:
+    """True when ``record.pid`` still runs the component we started.
+
+    ``marker`` (the state directory) must appear in its command line; a pid that
+    was recycled for an unrelated process does not count as alive.
+    """
+    _reap(record.pid)
+    cmd = _cmdline(record.pid)
+    deadline = time.monotonic() + 1.0
+    # Right after Popen returns, the child may still be inside execve, when
+    # /proc/<pid>/cmdline reads empty; give it a moment rather than call it dead.
+    while cmd == "" and not _is_zombie(record.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        cmd = _cmdline(record.pid)
+    return cmd is not None and marker in cmd and not _is_zombie(record.pid)
+
+
+def pids_referencing(marker: str) -> list[int]:
+    """Every process whose command line mentions ``marker`` (the state directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        cmd = _cmdline(pid)
+        if cmd and marker in cmd and not _is_zombie(pid):
+            found.append(pid)
+    return found
+
+
+def stop_pids(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
+    """SIGTERM each process group, wait up to ``grace_seconds``, then SIGKILL."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    remaining = list(pids)
+    while remaining and time.monotonic() < deadline:
+        for pid in remaining:
+            _reap(pid)
+        remaining = [p for p in remaining if _cmdline(p) is not None and not _is_zombie(p)]
+        if remaining:
+            time.sleep(0.1)
+    for pid in remaining:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+        _reap(pid)

@@ -1,0 +1,1 @@
+"""Shared pytest configuration: tests mirror the layers (unit/ is pure, sandbox/ is real)."""

@@ -1,0 +1,100 @@
+"""Fixtures for tests against the real control plane.
+
+One sandbox per test session (it takes seconds with cached binaries), stopped in
+a finalizer even when tests fail; each test gets its own namespace, deleted after.
+Tests that change shared objects (node labels, kube-system) undo what they change.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client, config
+
+from proxymode_sandbox import Sandbox, SandboxConfig
+
+pytestmark = pytest.mark.sandbox
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """A running 6-node sandbox (2 canary, 3 general, 1 legacy with an old kernel)."""
+    state = Path(os.environ.get("PROXYMODE_TEST_SANDBOX", tmp_path_factory.mktemp("sandbox")))
+    box = Sandbox(SandboxConfig(state_dir=state / "state", nodes=6, canary_nodes=2, legacy_nodes=1))
+    try:
+        box.up()
+        yield box
+    finally:
+        box.down()
+
+
+@pytest.fixture(scope="session")
+def api(sandbox: Sandbox) -> client.ApiClient:
+    """An admin API client for the sandbox."""
+    return config.new_client_from_config(config_file=str(sandbox.kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def core(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture(scope="session")
+def apps(api: client.ApiClient) -> client.AppsV1Api:
+    return client.AppsV1Api(api)
+
+
+@pytest.fixture
+def namespace(core: client.CoreV1Api) -> Iterator[str]:
+    """A fresh namespace with its default ServiceAccount, deleted after the test."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    eventually(lambda: core.read_namespaced_service_account("default", name), what="default SA")
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
+
+
+def eventually(
+    probe: Callable[[], T | None],
+    *,
+    timeout: float = 60.0,
+    interval: float = 0.25,
+    what: str = "condition",
+) -> T:
+    """Call ``probe`` until it returns a truthy value (returned) or raises no more.
+
+    Exceptions count as "not yet" until the deadline, then the last one is re-raised
+    with ``what`` so a failure says what was awaited.
+    """
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while True:
+        try:
+            value = probe()
+            if value:
+                return value
+            last = None
+        except Exception as e:
+            last = e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}") from last
+        time.sleep(interval)
+
+
+def pods_by_node(core: client.CoreV1Api, namespace: str, selector: str) -> dict[str, Any]:
+    """Live (not terminating) pods matching ``selector``, keyed by node name."""
+    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+    return {
+        p.spec.node_name: p
+        for p in pods
+        if p.metadata.deletion_timestamp is None and p.spec.node_name
+    }

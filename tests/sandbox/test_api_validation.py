@@ -1,0 +1,128 @@
+"""The real API server refuses bad ProxyModePolicies with messages a person understands.
+
+The CRD from crds/ is installed into the sandbox; every case of the shared invalid-spec
+corpus is refused (schema bounds, enums, CEL), nothing is stored, and the transition
+rule keeps targetMode fixed while a rollout is in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from proxymode.api import models
+from tests.policy_cases import InvalidCase, invalid_cases, valid_base
+from tests.sandbox.conftest import eventually
+
+CRD = Path(__file__).resolve().parents[2] / "crds" / "proxymode.io_proxymodepolicies.yaml"
+CASES = invalid_cases()
+G, V, P = models.GROUP, models.VERSION, models.PLURAL
+
+
+@pytest.fixture(scope="module")
+def policies(api: client.ApiClient) -> Iterator[client.CustomObjectsApi]:
+    """The CRD installed (and Established); policies left by a test are deleted after."""
+    ext = client.ApiextensionsV1Api(api)
+    body = yaml.safe_load(CRD.read_text())
+    try:
+        ext.create_custom_resource_definition(body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    eventually(
+        lambda: any(
+            c.type == "Established" and c.status == "True"
+            for c in ext.read_custom_resource_definition(body["metadata"]["name"]).status.conditions
+            or []
+        ),
+        what="the CRD to be Established",
+    )
+    yield client.CustomObjectsApi(api)
+
+
+def message(error: ApiException) -> str:
+    """The Status message the API server sent (what kubectl prints)."""
+    return str(json.loads(error.body)["message"])
+
+
+def policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"{G}/{V}", "kind": models.KIND, "metadata": {"name": name}, "spec": spec}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_invalid_spec_is_refused_and_nothing_is_stored(
+    policies: client.CustomObjectsApi, case: InvalidCase
+) -> None:
+    name = f"bad-{case.name}"[:40]
+    with pytest.raises(ApiException) as refused:
+        policies.create_cluster_custom_object(
+            G, V, P, policy(name, case.spec), field_validation="Strict"
+        )
+    assert refused.value.status in (400, 422), refused.value.body  # 400: unknown field
+    assert case.apiserver in message(refused.value)
+    with pytest.raises(ApiException) as missing:
+        policies.get_cluster_custom_object(G, V, P, name)
+    assert missing.value.status == 404
+
+
+def test_a_long_name_is_refused(policies: client.CustomObjectsApi) -> None:
+    with pytest.raises(ApiException) as refused:
+        policies.create_cluster_custom_object(G, V, P, policy("x" * 41, valid_base()))
+    assert "the policy name must be at most 40 characters" in message(refused.value)
+
+
+def test_defaults_are_applied_by_the_api_server(policies: client.CustomObjectsApi) -> None:
+    name = f"defaults-{uuid.uuid4().hex[:6]}"
+    try:
+        created = policies.create_cluster_custom_object(G, V, P, policy(name, valid_base()))
+        spec = created["spec"]
+        assert spec["kubeProxy"] == {
+            "namespace": "kube-system",
+            "daemonSet": "kube-proxy",
+            "configMap": "kube-proxy",
+            "configKey": "config.conf",
+        }
+        assert spec["maxUnavailable"] == 1 and spec["paused"] is False and spec["finalize"] is True
+        assert spec["rollback"] == {"automatic": True}
+        assert spec["incompatibleNodes"] == "Refuse"
+        assert models.PolicySpec.model_validate(spec).stages[0].name == "canary"
+    finally:
+        policies.delete_cluster_custom_object(G, V, P, name)
+
+
+def test_target_mode_is_immutable_while_a_rollout_is_in_flight(
+    policies: client.CustomObjectsApi,
+) -> None:
+    name = f"immutable-{uuid.uuid4().hex[:6]}"
+    policies.create_cluster_custom_object(G, V, P, policy(name, valid_base()))
+    try:
+        policies.patch_cluster_custom_object(G, V, P, name, {"spec": {"targetMode": "ipvs"}})
+
+        policies.patch_cluster_custom_object_status(
+            G, V, P, name, {"status": {"phase": "Progressing"}}
+        )
+        with pytest.raises(ApiException) as refused:
+            policies.patch_cluster_custom_object(
+                G, V, P, name, {"spec": {"targetMode": "nftables"}}
+            )
+        assert refused.value.status == 422
+        assert "targetMode cannot change while a rollout is in flight" in message(refused.value)
+        # Other fields may still change mid-rollout (e.g. pausing it).
+        policies.patch_cluster_custom_object(G, V, P, name, {"spec": {"paused": True}})
+
+        policies.patch_cluster_custom_object_status(
+            G, V, P, name, {"status": {"phase": "RolledBack"}}
+        )
+        policies.patch_cluster_custom_object(G, V, P, name, {"spec": {"targetMode": "nftables"}})
+        got = policies.get_cluster_custom_object(G, V, P, name)
+        assert got["spec"]["targetMode"] == "nftables" and got["spec"]["paused"] is True
+    finally:
+        policies.delete_cluster_custom_object(G, V, P, name)

@@ -1,0 +1,73 @@
+"""Pure parts of the sandbox: topology, kubeadm config rendering, certificates."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from cryptography import x509
+
+from proxymode_sandbox.certs import CertificateAuthority
+from proxymode_sandbox.kubeadm_proxy import config_conf, manifests
+from proxymode_sandbox.topology import Topology, node_manifest
+
+
+def test_topology_splits_nodes_into_pools() -> None:
+    t = Topology.sized(6, canary=2, legacy=1)
+    assert [(p.name, p.count) for p in t.pools] == [("canary", 2), ("general", 3), ("legacy", 1)]
+    assert t.node_names() == [
+        "canary-1",
+        "canary-2",
+        "general-1",
+        "general-2",
+        "general-3",
+        "legacy-1",
+    ]
+    assert [p.name for p in Topology.sized(6).pools] == ["canary", "general"]
+    with pytest.raises(ValueError, match="cannot split"):
+        Topology.sized(2, canary=2, legacy=1)
+
+
+def test_nodes_spread_over_zones_and_carry_kernel_info() -> None:
+    pool = Topology.sized(6).pool("general")
+    zones = [
+        node_manifest(f"general-{i}", pool, i, "v1.37.2")["metadata"]["labels"][
+            "topology.kubernetes.io/zone"
+        ]
+        for i in range(1, 5)
+    ]
+    assert zones == ["zone-a", "zone-b", "zone-c", "zone-a"]
+    info = node_manifest("general-1", pool, 1, "v1.37.2")["status"]["nodeInfo"]
+    assert info["kernelVersion"] == pool.kernel and info["kubeletVersion"] == "v1.37.2"
+
+
+@pytest.mark.parametrize("mode", ["iptables", "ipvs", "nftables", ""])
+def test_config_conf_is_a_kube_proxy_configuration_in_the_mode(mode: str) -> None:
+    conf = yaml.safe_load(config_conf(mode))
+    assert conf["apiVersion"] == "kubeproxy.config.k8s.io/v1alpha1"
+    assert conf["kind"] == "KubeProxyConfiguration"
+    assert conf["mode"] == mode
+    assert conf["clientConnection"]["kubeconfig"] == "/var/lib/kube-proxy/kubeconfig.conf"
+
+
+def test_manifests_are_kubeadms_objects_in_order() -> None:
+    kinds = [
+        (o["kind"], o["metadata"]["name"]) for o in manifests("https://127.0.0.1:6443", "v1.37.2")
+    ]
+    assert kinds == [
+        ("ServiceAccount", "kube-proxy"),
+        ("ClusterRoleBinding", "kubeadm:node-proxier"),
+        ("Role", "kube-proxy"),
+        ("RoleBinding", "kube-proxy"),
+        ("ConfigMap", "kube-proxy"),
+        ("DaemonSet", "kube-proxy"),
+    ]
+
+
+def test_certificates_chain_to_the_ca() -> None:
+    ca = CertificateAuthority()
+    leaf = ca.issue("admin", organizations=("system:masters",), client=True)
+    cert = x509.load_pem_x509_certificate(leaf.cert_pem)
+    ca_cert = x509.load_pem_x509_certificate(ca.pair.cert_pem)
+    cert.verify_directly_issued_by(ca_cert)
+    orgs = [a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.ORGANIZATION_NAME)]
+    assert orgs == ["system:masters"]
