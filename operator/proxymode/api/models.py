@@ -430,6 +430,11 @@ class PolicySpec(_Model):
         default=IncompatibleNodes.REFUSE,
         description="Nodes that cannot run the target mode: refuse the run, or leave them out.",
     )
+    ready_timeout_seconds: Annotated[int, Field(ge=10, le=3600)] = Field(
+        default=300,
+        description="How long a moved node's kube-proxy may take to become Ready before the"
+        " stage counts as failed.",
+    )
     analysis: Analysis | None = None
     rollback: Rollback = Field(default_factory=Rollback, json_schema_extra={"default": {}})
     paused: bool = False
@@ -551,6 +556,20 @@ class HistoryEntry(_Status):
     message: str = ""
 
 
+class MoveDirection(StrEnum):
+    FORWARD = "Forward"
+    BACK = "Back"
+    HANDBACK = "Handback"
+
+
+class Move(_Status):
+    """A node between two kube-proxies. Bounded by maxUnavailable, so the list stays short."""
+
+    node: str
+    direction: MoveDirection
+    since: datetime
+
+
 class BackupRef(_Status):
     """Where the snapshot of everything the operator changes is kept."""
 
@@ -571,7 +590,20 @@ class PolicyStatus(_Status):
     baseline: Baseline | None = None
     preflight: Preflight | None = None
     analysis: AnalysisStatus | None = None
+    moves: list[Move] = Field(default_factory=list)
     backup: BackupRef | None = None
+    paused_reason: str | None = None
+    run: int = Field(default=1, description="Which run of this policy (a retry starts the next).")
+    handled_action: str | None = Field(
+        default=None,
+        description="The one-shot action last acted on; the annotation is removed after this"
+        " is stored, so an action is never taken twice.",
+    )
+    resume_phase: Phase | None = None
+    rollback_reason: str | None = None
+    finalized: bool | None = None
+    started_time: datetime | None = None
+    completed_time: datetime | None = None
     message: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
     history: list[HistoryEntry] = Field(default_factory=list)

@@ -1,0 +1,319 @@
+"""The Kubernetes objects a policy creates or changes, built as plain data (DESIGN §3).
+
+- the target ConfigMap: the source ConfigMap with the rendered target configuration;
+- the target DaemonSet: a clone of the source that mounts the target ConfigMap, carries the
+  ``proxymode.io/mode`` pod label and selector, and runs only where a node's label says
+  ``<target>``;
+- the source patch: ``OnDelete`` plus ``proxymode.io/mode NotIn [<target>, switching]``, in one
+  JSON patch guarded by the resourceVersion it was computed from, so no existing pod restarts
+  and no concurrent change is overwritten;
+- the restore patch: whatever turns the source back into the snapshot, exactly;
+- the cleanup Job for iptables <-> ipvs (kube-proxy itself cleans up only when nftables is
+  on one side);
+- the backup: the snapshot of everything the operator will change.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jsonpatch
+
+from proxymode.engine import naming
+from proxymode.engine.observed import (
+    CONFIG_HASH_ANNOTATION,
+    MANAGED_BY,
+    MODE_LABEL,
+    POLICY_LABEL,
+    SWITCHING,
+    Object,
+)
+
+BACKUP_DAEMON_SET = "daemonset.json"
+BACKUP_CONFIG_MAP = "configmap.json"
+BACKUP_NODES = "nodes.json"
+BACKUP_RUN = "run"
+JOB_NODE_LABEL = "proxymode.io/node"
+_SERVER_FIELDS = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields")
+
+
+def owner_reference(policy: str, uid: str) -> dict[str, Any]:
+    """The policy as owner: deleting it garbage-collects what it created."""
+    return {
+        "apiVersion": "proxymode.io/v1alpha1",
+        "kind": "ProxyModePolicy",
+        "name": policy,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _labels(policy: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    return {**(extra or {}), "app.kubernetes.io/managed-by": MANAGED_BY, POLICY_LABEL: policy}
+
+
+def _clean_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in meta.items() if k not in _SERVER_FIELDS}
+
+
+def config_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def target_config_map(
+    policy: str, uid: str, source: Object, *, config_key: str, target_text: str, mode: str
+) -> dict[str, Any]:
+    """The source ConfigMap (every key kept) with ``config_key`` replaced by the target config."""
+    meta = source["metadata"]
+    data = dict(source.get("data") or {})
+    data[config_key] = target_text
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": naming.target_config_map(meta["name"], mode),
+            "namespace": meta["namespace"],
+            "labels": _labels(policy, meta.get("labels")),
+            "ownerReferences": [owner_reference(policy, uid)],
+        },
+        "data": data,
+    }
+
+
+def _strip_mode_expressions(affinity: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The affinity without any ``proxymode.io/mode`` expression (ours, from a patch)."""
+    result: dict[str, Any] = copy.deepcopy(dict(affinity or {}))
+    required = result.get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not required:
+        return result
+    terms = []
+    for term in required.get("nodeSelectorTerms", []):
+        exprs = [e for e in term.get("matchExpressions", []) if e.get("key") != MODE_LABEL]
+        new_term = {**term, "matchExpressions": exprs}
+        if not exprs:
+            del new_term["matchExpressions"]
+        if new_term:
+            terms.append(new_term)
+    if terms:
+        required["nodeSelectorTerms"] = terms
+    else:
+        del result["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        if not result["nodeAffinity"]:
+            del result["nodeAffinity"]
+    return result
+
+
+def with_mode_requirement(
+    affinity: Mapping[str, Any] | None, operator: str, values: Sequence[str]
+) -> dict[str, Any]:
+    """``affinity`` with ``proxymode.io/mode <operator> <values>`` ANDed into every term.
+
+    Required node-affinity terms are ORed, their expressions ANDed, so the requirement is
+    added to each term (or becomes the only term when there is none).
+    """
+    result = _strip_mode_expressions(affinity)
+    requirement = {"key": MODE_LABEL, "operator": operator, "values": list(values)}
+    node_affinity = result.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": []}
+    )
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [
+        {**t, "matchExpressions": [*t.get("matchExpressions", []), requirement]} for t in terms
+    ]
+    return result
+
+
+def target_daemon_set(
+    policy: str,
+    uid: str,
+    source: Object,
+    *,
+    source_config_map: str,
+    mode: str,
+    target_config_text: str,
+) -> dict[str, Any]:
+    """A clone of the source DaemonSet that runs the target mode on labelled nodes only."""
+    meta = source["metadata"]
+    spec = copy.deepcopy(dict(source["spec"]))
+    template = spec["template"]
+    pod_meta = template.setdefault("metadata", {})
+    pod_meta["labels"] = {**pod_meta.get("labels", {}), MODE_LABEL: mode}
+    pod_meta["annotations"] = {
+        **pod_meta.get("annotations", {}),
+        CONFIG_HASH_ANNOTATION: config_hash(target_config_text),
+    }
+    pod_spec = template["spec"]
+    pod_spec["affinity"] = with_mode_requirement(pod_spec.get("affinity"), "In", [mode])
+    target_cm = naming.target_config_map(source_config_map, mode)
+    for volume in pod_spec.get("volumes", []):
+        if volume.get("configMap", {}).get("name") == source_config_map:
+            volume["configMap"]["name"] = target_cm
+    spec["selector"] = {
+        **spec.get("selector", {}),
+        "matchLabels": {**spec.get("selector", {}).get("matchLabels", {}), MODE_LABEL: mode},
+    }
+    spec["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": naming.target_daemon_set(meta["name"], mode),
+            "namespace": meta["namespace"],
+            "labels": _labels(policy, {**meta.get("labels", {}), MODE_LABEL: mode}),
+            "ownerReferences": [owner_reference(policy, uid)],
+        },
+        "spec": spec,
+    }
+
+
+def _guarded(obj: Object, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    version = obj["metadata"].get("resourceVersion")
+    test = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
+    return test + ops if version else ops
+
+
+def source_patched_spec(source_spec: Mapping[str, Any], mode: str) -> dict[str, Any]:
+    """The source spec with ``OnDelete`` and the ``NotIn [<target>, switching]`` affinity."""
+    spec = copy.deepcopy(dict(source_spec))
+    pod_spec = spec["template"]["spec"]
+    pod_spec["affinity"] = with_mode_requirement(
+        pod_spec.get("affinity"), "NotIn", [mode, SWITCHING]
+    )
+    spec["updateStrategy"] = {"type": "OnDelete"}
+    return spec
+
+
+def source_is_patched(source: Object, mode: str) -> bool:
+    """True when the source DaemonSet already stays off target and switching nodes."""
+    spec = source["spec"]
+    if spec.get("updateStrategy", {}).get("type") != "OnDelete":
+        return False
+    required = (
+        spec["template"]["spec"]
+        .get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+    )
+    terms = required.get("nodeSelectorTerms", [])
+    want = {"key": MODE_LABEL, "operator": "NotIn", "values": [mode, SWITCHING]}
+    return bool(terms) and all(want in t.get("matchExpressions", []) for t in terms)
+
+
+def spec_patch(current: Object, desired_spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A guarded JSON patch from the current object's spec to ``desired_spec``."""
+    ops = jsonpatch.make_patch({"spec": current["spec"]}, {"spec": dict(desired_spec)}).patch
+    return _guarded(current, list(ops))
+
+
+def data_patch(current: Object, desired_data: Mapping[str, str]) -> list[dict[str, Any]]:
+    """A guarded JSON patch from a ConfigMap's data to ``desired_data``."""
+    ops = jsonpatch.make_patch(
+        {"data": current.get("data") or {}}, {"data": dict(desired_data)}
+    ).patch
+    return _guarded(current, list(ops))
+
+
+def backup_data(
+    source_daemon_set: Object,
+    source_config_map: Object,
+    node_labels: Mapping[str, str | None],
+    run: int = 1,
+) -> dict[str, str]:
+    """The snapshot of everything the policy may change, as ConfigMap data."""
+    ds = {
+        "metadata": _clean_metadata(source_daemon_set["metadata"]),
+        "spec": source_daemon_set["spec"],
+    }
+    cm = {
+        "metadata": _clean_metadata(source_config_map["metadata"]),
+        "data": source_config_map.get("data") or {},
+    }
+    return {
+        BACKUP_DAEMON_SET: json.dumps(ds, sort_keys=True),
+        BACKUP_CONFIG_MAP: json.dumps(cm, sort_keys=True),
+        BACKUP_NODES: json.dumps(dict(node_labels), sort_keys=True),
+        BACKUP_RUN: str(run),
+    }
+
+
+def backup_object(policy: str, uid: str, namespace: str, data: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": naming.backup_config_map(policy),
+            "namespace": namespace,
+            "labels": _labels(policy),
+            "ownerReferences": [owner_reference(policy, uid)],
+        },
+        "data": dict(data),
+    }
+
+
+def original_spec(backup: Mapping[str, str]) -> dict[str, Any]:
+    spec: dict[str, Any] = json.loads(backup[BACKUP_DAEMON_SET])["spec"]
+    return spec
+
+
+def original_config_data(backup: Mapping[str, str]) -> dict[str, str]:
+    data: dict[str, str] = json.loads(backup[BACKUP_CONFIG_MAP])["data"]
+    return data
+
+
+def cleanup_job(policy: str, uid: str, source: Object, node: str) -> dict[str, Any]:
+    """A Job that runs ``kube-proxy --cleanup`` on ``node`` with the source's own image.
+
+    ``--cleanup`` removes every mode's rules (kube-proxy.md §5); it runs between the two
+    proxies, when neither runs on the node, with the privileges kube-proxy itself has.
+    """
+    pod_spec = source["spec"]["template"]["spec"]
+    container = pod_spec["containers"][0]
+    mounts = [m for m in container.get("volumeMounts", []) if m.get("name") != "kube-proxy"]
+    mount_names = {m["name"] for m in mounts}
+    volumes = [v for v in pod_spec.get("volumes", []) if v["name"] in mount_names]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": naming.cleanup_job(policy, node),
+            "namespace": source["metadata"]["namespace"],
+            "labels": _labels(policy, {JOB_NODE_LABEL: node}),
+            "ownerReferences": [owner_reference(policy, uid)],
+        },
+        "spec": {
+            "backoffLimit": 2,
+            "ttlSecondsAfterFinished": 3600,
+            "template": {
+                "metadata": {"labels": _labels(policy, {JOB_NODE_LABEL: node})},
+                "spec": {
+                    "nodeName": node,
+                    "restartPolicy": "Never",
+                    "hostNetwork": True,
+                    "priorityClassName": pod_spec.get("priorityClassName", "system-node-critical"),
+                    "tolerations": [{"operator": "Exists"}],
+                    "serviceAccountName": pod_spec.get("serviceAccountName", "kube-proxy"),
+                    "containers": [
+                        {
+                            "name": "cleanup",
+                            "image": container["image"],
+                            "command": ["/usr/local/bin/kube-proxy", "--cleanup", "--v=2"],
+                            "securityContext": {"privileged": True},
+                            "volumeMounts": mounts,
+                        }
+                    ],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def kube_proxy_image(source: Object) -> str:
+    containers = source["spec"]["template"]["spec"].get("containers", [])
+    return str(containers[0].get("image", "")) if containers else ""

@@ -1,0 +1,145 @@
+"""What the engine sees: a plain-data snapshot of the cluster, taken by the adapter.
+
+The engine decides from this snapshot and the policy's status alone, so every sequence
+(a restart between two steps, a node vanishing, metrics flapping) is a fast unit test.
+Kubernetes objects the engine must copy or patch (the source DaemonSet and ConfigMap)
+are kept as plain mappings, exactly as the API returned them; everything else is
+reduced to the few fields the engine needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+MODE_LABEL = "proxymode.io/mode"
+SWITCHING = "switching"
+POLICY_LABEL = "proxymode.io/policy"
+ACTION_ANNOTATION = "proxymode.io/action"
+CONFIG_HASH_ANNOTATION = "proxymode.io/config-hash"
+MANAGED_BY = "proxymode"
+
+Object = Mapping[str, Any]
+
+
+class ProxyKind(StrEnum):
+    """Which DaemonSet a kube-proxy pod belongs to."""
+
+    SOURCE = "source"
+    TARGET = "target"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node, reduced to what planning and preflight need."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    ready: bool = True
+    kernel: str = ""
+    os_image: str = ""
+    container_runtime: str = ""
+    kubelet_version: str = ""
+    zone: str = ""
+    deleting: bool = False
+
+    @property
+    def mode_label(self) -> str | None:
+        """The value of ``proxymode.io/mode`` (target mode, ``switching``) or None."""
+        return self.labels.get(MODE_LABEL)
+
+
+@dataclass(frozen=True)
+class ProxyPod:
+    """A kube-proxy pod of the source or the target DaemonSet."""
+
+    name: str
+    node: str
+    kind: ProxyKind
+    ready: bool
+    restarts: int = 0
+    terminating: bool = False
+    created: datetime | None = None
+
+
+@dataclass(frozen=True)
+class CleanupJobView:
+    """A cleanup Job the operator started on a node (iptables <-> ipvs)."""
+
+    name: str
+    node: str
+    succeeded: bool = False
+    failed: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """Inventory the adapter gathers once per preflight (DESIGN §6)."""
+
+    kubernetes_version: str | None = None
+    services: int | None = None
+    endpoint_slices: int | None = None
+    cni: str | None = None
+    static_kube_proxy_pods: tuple[str, ...] = ()
+    other_policies: tuple[str, ...] = ()
+    """Other in-flight policies that drive the same source DaemonSet."""
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """One check's values and verdict in one analysis round (issue 4 fills these)."""
+
+    name: str
+    verdict: str
+    canary: float | None = None
+    baseline: float | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class AnalysisRound:
+    """The latest analysis round the Prometheus adapter ran."""
+
+    time: datetime
+    checks: tuple[CheckOutcome, ...] = ()
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything the engine decides from, taken at ``now``."""
+
+    now: datetime
+    generation: int
+    nodes: tuple[NodeView, ...] = ()
+    pods: tuple[ProxyPod, ...] = ()
+    source_daemon_set: Object | None = None
+    source_config_map: Object | None = None
+    target_daemon_set: Object | None = None
+    target_config_map: Object | None = None
+    backup: Mapping[str, str] | None = None
+    """The data of the backup ConfigMap, None when it does not exist."""
+    jobs: tuple[CleanupJobView, ...] = ()
+    facts: ClusterFacts = field(default_factory=ClusterFacts)
+    analysis: AnalysisRound | None = None
+    action: str | None = None
+    """A one-shot action from the ``proxymode.io/action`` annotation."""
+    deleting: bool = False
+    """The policy is being deleted: roll back, then let the finalizer go."""
+
+    def node(self, name: str) -> NodeView | None:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        return None
+
+    def pods_on(self, node: str, kind: ProxyKind | None = None) -> list[ProxyPod]:
+        return [p for p in self.pods if p.node == node and (kind is None or p.kind == kind)]
+
+    def job_on(self, node: str) -> CleanupJobView | None:
+        for job in self.jobs:
+            if job.node == node:
+                return job
+        return None

@@ -1,0 +1,370 @@
+"""A small, deterministic model of the cluster for engine sequence tests (pure logic only).
+
+It plays the parts the engine relies on, with the rules the real ones follow (the
+sandbox tests check those rules against the real controllers):
+
+- DaemonSet controller: a pod on every node matching the current template's node
+  selector and required affinity, deleted from nodes that stop matching whatever the
+  update strategy; with RollingUpdate, pods of an older template are replaced one per
+  tick; with OnDelete, never.
+- kubelet: a new pod is Ready one tick after it appears; a deleted pod terminates for
+  one tick, then is gone. Pods can be told to crash-loop.
+- Job controller: a cleanup Job succeeds one tick after it is created (or fails, if asked).
+- API server: JSON patches with a failing ``test`` and label changes with a stale
+  ``expect`` are refused (ConflictError), like a real precondition failure.
+
+It is deliberately independent of the engine's own code (its own affinity matcher), so
+one bug cannot hide in both.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import jsonpatch
+
+from proxymode.engine.actions import (
+    Action,
+    ApplyObject,
+    ClearAction,
+    CreateJob,
+    DeleteObject,
+    EmitEvent,
+    PatchObject,
+    SaveBackup,
+    SetNodeMode,
+)
+from proxymode.engine.observed import (
+    MODE_LABEL,
+    CleanupJobView,
+    ClusterFacts,
+    NodeView,
+    Observed,
+    ProxyKind,
+    ProxyPod,
+)
+from proxymode_sandbox import kubeadm_proxy
+
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+NS = "kube-system"
+
+
+class ConflictError(Exception):
+    """A precondition failed, as a 409/422 from the API server would say."""
+
+
+@dataclass
+class SimPod:
+    name: str
+    node: str
+    owner: str  # DaemonSet name
+    template: str  # template hash it was created from
+    age: int = 0
+    terminating: int = 0  # ticks left; 0 = not terminating
+    crashloop: bool = False
+    restarts: int = 0
+    born: datetime = T0
+
+    @property
+    def ready(self) -> bool:
+        return self.age >= 1 and not self.crashloop and not self.terminating
+
+
+@dataclass
+class SimNode:
+    name: str
+    labels: dict[str, str]
+    kernel: str = "6.1.0-28-cloud-amd64"
+    zone: str = ""
+
+
+@dataclass
+class Sim:
+    nodes: dict[str, SimNode] = field(default_factory=dict)
+    objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, name)
+    pods: list[SimPod] = field(default_factory=list)
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    now: datetime = T0
+    events: list[EmitEvent] = field(default_factory=list)
+    action: str | None = None
+    crashloop_target: bool = False
+    fail_jobs: bool = False
+    _seq: int = 0
+    _rv: int = 100
+    log: list[str] = field(default_factory=list)
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def cluster(cls, pools: dict[str, int], mode: str = "iptables") -> Sim:
+        sim = cls()
+        zones = ("zone-a", "zone-b", "zone-c")
+        for pool, count in pools.items():
+            for i in range(1, count + 1):
+                name = f"{pool}-{i}"
+                kernel = "4.18.0-553.el8_10.x86_64" if pool == "legacy" else "6.1.0-28-cloud-amd64"
+                sim.nodes[name] = SimNode(
+                    name,
+                    {"pool": pool, "kubernetes.io/os": "linux", "kubernetes.io/hostname": name},
+                    kernel,
+                    zones[(i - 1) % 3],
+                )
+        for obj in kubeadm_proxy.manifests("https://127.0.0.1:6443", "v1.37.2", mode):
+            if obj["kind"] in ("DaemonSet", "ConfigMap"):
+                sim._store(copy.deepcopy(obj))
+        for _ in range(2):
+            sim.tick()
+        return sim
+
+    def _store(self, obj: dict[str, Any]) -> None:
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", NS)
+        self._rv += 1
+        meta["resourceVersion"] = str(self._rv)
+        old = self.objects.get((obj["kind"], meta["name"]))
+        if obj["kind"] == "DaemonSet":
+            generation = old["metadata"].get("generation", 1) if old else 0
+            if old is None or old["spec"] != obj["spec"]:
+                generation += 1
+            meta["generation"] = generation
+            obj["status"] = old.get("status", {}) if old else {}
+        self.objects[(obj["kind"], meta["name"])] = obj
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get((kind, name))
+
+    # -- the controllers --------------------------------------------------------------------
+
+    def tick(self, seconds: float = 5.0) -> None:
+        self.now += timedelta(seconds=seconds)
+        for pod in self.pods:
+            pod.age += 1
+            if pod.crashloop:
+                pod.restarts += 1
+        self.pods = [p for p in self.pods if not (p.terminating and p.terminating <= 1)]
+        for pod in self.pods:
+            if pod.terminating:
+                pod.terminating -= 1
+        for (kind, _), ds in list(self.objects.items()):
+            if kind == "DaemonSet":
+                self._reconcile_daemon_set(ds)
+        for job in self.jobs.values():
+            if job["age"] >= 1 and not job["done"]:
+                job["done"] = "failed" if self.fail_jobs else "succeeded"
+            job["age"] += 1
+
+    def _reconcile_daemon_set(self, ds: dict[str, Any]) -> None:
+        name = ds["metadata"]["name"]
+        template = _hash(ds["spec"]["template"])
+        mine = [p for p in self.pods if p.owner == name and not p.terminating]
+        wanted = {n for n, node in self.nodes.items() if _schedulable(ds, node)}
+        for pod in mine:
+            if pod.node not in wanted or pod.node not in self.nodes:
+                pod.terminating = 2
+        have = {p.node for p in self.pods if p.owner == name}
+        for node in sorted(wanted - have):
+            self._seq += 1
+            pod = SimPod(f"{name}-{self._seq}", node, name, template, born=self.now)
+            if self.crashloop_target and MODE_LABEL in ds["spec"]["selector"]["matchLabels"]:
+                pod.crashloop = True
+            self.pods.append(pod)
+        if ds["spec"].get("updateStrategy", {}).get("type", "RollingUpdate") == "RollingUpdate":
+            stale = [
+                p
+                for p in self.pods
+                if p.owner == name and p.template != template and not p.terminating
+            ]
+            if stale and all(
+                p.ready for p in self.pods if p.owner == name and p.template == template
+            ):
+                stale[0].terminating = 2
+        live = [p for p in self.pods if p.owner == name and not p.terminating]
+        ds["status"] = {
+            "observedGeneration": ds["metadata"]["generation"],
+            "desiredNumberScheduled": len(wanted),
+            "currentNumberScheduled": len(live),
+            "numberReady": sum(p.ready for p in live),
+            "updatedNumberScheduled": sum(p.template == template for p in live),
+            "numberUnavailable": len(wanted) - sum(p.ready for p in live),
+        }
+
+    # -- what the engine sees and does ------------------------------------------------------
+
+    def observe(self, generation: int = 1, deleting: bool = False) -> Observed:
+        source = self.get("DaemonSet", "kube-proxy")
+        target = next(
+            (o for (k, n), o in self.objects.items() if k == "DaemonSet" and n != "kube-proxy"),
+            None,
+        )
+        target_cm = next(
+            (
+                o
+                for (k, n), o in self.objects.items()
+                if k == "ConfigMap" and n.startswith("kube-proxy-")
+            ),
+            None,
+        )
+        pods = tuple(
+            ProxyPod(
+                name=p.name,
+                node=p.node,
+                kind=ProxyKind.SOURCE if p.owner == "kube-proxy" else ProxyKind.TARGET,
+                ready=p.ready,
+                restarts=p.restarts,
+                terminating=bool(p.terminating),
+                created=p.born,
+            )
+            for p in self.pods
+        )
+        jobs = tuple(
+            CleanupJobView(
+                name, j["node"], succeeded=j["done"] == "succeeded", failed=j["done"] == "failed"
+            )
+            for name, j in self.jobs.items()
+        )
+        backup = next(
+            (
+                o["data"]
+                for (k, n), o in self.objects.items()
+                if k == "ConfigMap" and n.startswith("proxymode-backup-")
+            ),
+            None,
+        )
+        nodes = tuple(
+            NodeView(
+                n.name, dict(n.labels), True, n.kernel, "Debian", "containerd", "v1.37.2", n.zone
+            )
+            for n in self.nodes.values()
+        )
+        return Observed(
+            now=self.now,
+            generation=generation,
+            nodes=nodes,
+            pods=pods,
+            source_daemon_set=copy.deepcopy(source),
+            source_config_map=copy.deepcopy(self.get("ConfigMap", "kube-proxy")),
+            target_daemon_set=copy.deepcopy(target),
+            target_config_map=copy.deepcopy(target_cm),
+            backup=dict(backup) if backup is not None else None,
+            jobs=jobs,
+            facts=ClusterFacts(kubernetes_version="v1.37.2", services=10, endpoint_slices=12),
+            action=self.action,
+            deleting=deleting,
+        )
+
+    def execute(self, actions: Iterable[Action], stop_after: int | None = None) -> int:
+        """Carry out actions in order; stops at the first ConflictError. Returns how many ran."""
+        done = 0
+        for action in actions:
+            if stop_after is not None and done >= stop_after:
+                break
+            try:
+                self._execute(action)
+            except ConflictError as e:
+                self.log.append(f"conflict: {e}")
+                break
+            done += 1
+        return done
+
+    def _execute(self, action: Action) -> None:
+        if isinstance(action, SetNodeMode):
+            node = self.nodes.get(action.node)
+            if node is None:
+                raise ConflictError(f"node {action.node} is gone")
+            if node.labels.get(MODE_LABEL) != action.expect:
+                raise ConflictError(f"node {action.node} label is {node.labels.get(MODE_LABEL)!r}")
+            if action.value is None:
+                node.labels.pop(MODE_LABEL, None)
+            else:
+                node.labels[MODE_LABEL] = action.value
+            self.log.append(f"label {action.node}={action.value}")
+        elif isinstance(action, SaveBackup):
+            key = ("ConfigMap", action.obj["metadata"]["name"])
+            if key not in self.objects:
+                self._store(copy.deepcopy(dict(action.obj)))
+        elif isinstance(action, ApplyObject):
+            self._store(copy.deepcopy(dict(action.obj)))
+        elif isinstance(action, PatchObject):
+            current = self.get(action.kind, action.name)
+            if current is None:
+                raise ConflictError(f"{action.kind} {action.name} is gone")
+            try:
+                patched = jsonpatch.apply_patch(current, list(action.ops))
+            except jsonpatch.JsonPatchTestFailed as e:
+                raise ConflictError(str(e)) from e
+            self._store(patched)
+        elif isinstance(action, CreateJob):
+            name = action.job["metadata"]["name"]
+            node = action.job["spec"]["template"]["spec"]["nodeName"]
+            self.jobs.setdefault(name, {"node": node, "age": 0, "done": None})
+        elif isinstance(action, DeleteObject):
+            if action.kind == "Job":
+                self.jobs.pop(action.name, None)
+            else:
+                self.objects.pop((action.kind, action.name), None)
+                if action.kind == "DaemonSet":
+                    for pod in self.pods:
+                        if pod.owner == action.name:
+                            pod.terminating = 2
+        elif isinstance(action, EmitEvent):
+            self.events.append(action)
+        elif isinstance(action, ClearAction):
+            self.action = None
+
+    # -- invariants -----------------------------------------------------------------------------
+
+    def proxies_on(self, node: str) -> list[SimPod]:
+        return [p for p in self.pods if p.node == node]
+
+    def without_ready_proxy(self) -> set[str]:
+        return {n for n in self.nodes if not any(p.ready for p in self.proxies_on(n))}
+
+    def collect_garbage(self, owner_uid: str) -> None:
+        """What the garbage collector does once the owner (the policy) is gone."""
+        for key, obj in list(self.objects.items()):
+            owners = obj["metadata"].get("ownerReferences", [])
+            if any(o.get("uid") == owner_uid for o in owners):
+                del self.objects[key]
+
+    def add_node(self, name: str, pool: str, zone: str = "zone-a") -> None:
+        self.nodes[name] = SimNode(name, {"pool": pool, "kubernetes.io/os": "linux"}, zone=zone)
+
+    def remove_node(self, name: str) -> None:
+        del self.nodes[name]
+        self.pods = [p for p in self.pods if p.node != name]
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _schedulable(ds: dict[str, Any], node: SimNode) -> bool:
+    spec = ds["spec"]["template"]["spec"]
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if node.labels.get(key) != value:
+            return False
+    terms = (
+        spec.get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+        .get("nodeSelectorTerms")
+    )
+    if not terms:
+        return True
+    for term in terms:
+        ok = True
+        for expr in term.get("matchExpressions", []):
+            value = node.labels.get(expr["key"])
+            if expr["operator"] == "In" and value not in expr["values"]:
+                ok = False
+            if expr["operator"] == "NotIn" and value in expr["values"]:
+                ok = False
+        if ok:
+            return True
+    return False

@@ -1,0 +1,411 @@
+"""Whole rollouts through the pure engine, step by step, with the invariants checked each step.
+
+The world is ``sim.Sim``; a step is: observe, ``advance``, carry out the actions, let the
+controllers run. Faults are injected between steps: a status write lost (the operator died
+after acting), actions cut short (it died mid-way), an action conflict.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import yaml
+
+from proxymode.api.models import Phase, ProxyModePolicy
+from proxymode.engine.actions import CreateJob, Decision
+from proxymode.engine.machine import advance
+from proxymode.engine.observed import MODE_LABEL
+from proxymode.engine.planner import max_unavailable_count
+from tests.unit.engine.sim import Sim
+
+Hook = Callable[[int, Sim, ProxyModePolicy], None]
+THREE_STAGES = [
+    {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}, "bakeSeconds": 20},
+    {"name": "half", "percent": 50, "bakeSeconds": 20},
+    {"name": "all", "percent": 100, "bakeSeconds": 20},
+]
+
+
+def make_policy(**spec: Any) -> ProxyModePolicy:
+    body = {"targetMode": "nftables", "stages": THREE_STAGES, **spec}
+    return ProxyModePolicy.model_validate(
+        {"metadata": {"name": "to-nft", "uid": "uid-1", "generation": 1}, "spec": body}
+    )
+
+
+class Run:
+    """Drives one policy through the simulated cluster, checking invariants every step."""
+
+    def __init__(self, sim: Sim, policy: ProxyModePolicy) -> None:
+        self.sim = sim
+        self.policy = policy
+        self.decisions: list[Decision] = []
+        self.original_ds = json.dumps(sim.get("DaemonSet", "kube-proxy")["spec"], sort_keys=True)
+        self.original_cm = dict(sim.get("ConfigMap", "kube-proxy")["data"])
+        self.deleting = False
+        self.budget = max_unavailable_count(policy.spec.max_unavailable, len(sim.nodes))
+
+    def step(self, *, lose_status: bool = False, stop_after: int | None = None) -> Decision:
+        obs = self.sim.observe(generation=1, deleting=self.deleting)
+        decision = advance(self.policy, obs)
+        self.decisions.append(decision)
+        self.sim.execute(decision.actions, stop_after=stop_after)
+        if not lose_status:
+            self.policy = self.policy.model_copy(update={"status": decision.status})
+        self.sim.tick(min(decision.requeue_seconds, 5.0))
+        self.check()
+        return decision
+
+    def until(
+        self,
+        done: Callable[[ProxyModePolicy], bool],
+        *,
+        limit: int = 400,
+        hook: Hook | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        for i in range(limit):
+            if hook:
+                hook(i, self.sim, self.policy)
+            lose = bool(rng and rng.random() < 0.15)
+            cut = rng.randrange(0, 3) if rng and rng.random() < 0.15 else None
+            decision = self.step(lose_status=lose, stop_after=cut)
+            if done(self.policy) or (self.deleting and decision.release_finalizer):
+                return
+        raise AssertionError(
+            f"not done after {limit} steps; phase {self.policy.status.phase}:"
+            f" {self.policy.status.message}"
+        )
+
+    def check(self) -> None:
+        for node in self.sim.nodes:
+            assert len(self.sim.proxies_on(node)) <= 1, f"two kube-proxies on {node}"
+        down = self.sim.without_ready_proxy() - self._crashing()
+        assert len(down) <= self.budget + 1, f"{sorted(down)} without a Ready kube-proxy"
+        recorded = {n for s in self.policy.status.stages for n in s.nodes}
+        labelled = {n for n, v in self.sim.nodes.items() if MODE_LABEL in v.labels}
+        assert labelled <= recorded | {m.node for m in self.policy.status.moves}, (
+            f"labelled but not recorded: {labelled - recorded}"
+        )
+
+    def _crashing(self) -> set[str]:
+        return {p.node for p in self.sim.pods if p.crashloop}
+
+    def phases(self) -> list[str]:
+        return [h.phase for h in self.policy.status.history]
+
+    # -- end states ------------------------------------------------------------------------
+
+    def settle(self, steps: int = 3) -> None:
+        """A few more looks at a finished policy: it tidies up, then does nothing."""
+        phase = self.policy.status.phase
+        for _ in range(steps):
+            self.step()
+        assert self.policy.status.phase == phase
+        assert not [a for a in self.decisions[-1].actions], "a settled policy acts no more"
+
+    def assert_restored(self) -> None:
+        self.settle()
+        ds = self.sim.get("DaemonSet", "kube-proxy")
+        assert json.dumps(ds["spec"], sort_keys=True) == self.original_ds
+        assert self.sim.get("ConfigMap", "kube-proxy")["data"] == self.original_cm
+        assert all(MODE_LABEL not in n.labels for n in self.sim.nodes.values())
+        assert self.sim.get("DaemonSet", "kube-proxy-nftables") is None
+        assert self.sim.get("ConfigMap", "kube-proxy-nftables") is None
+        assert not [k for k in self.sim.objects if k[1].startswith("proxymode-backup")]
+        for node in self.sim.nodes:
+            pods = self.sim.proxies_on(node)
+            assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready, node
+
+
+def terminal(policy: ProxyModePolicy) -> bool:
+    return policy.status.phase in (Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED)
+
+
+def config_mode(sim: Sim) -> str:
+    return str(yaml.safe_load(sim.get("ConfigMap", "kube-proxy")["data"]["config.conf"])["mode"])
+
+
+def test_forward_through_three_stages_then_finalize() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 6})
+    run = Run(sim, make_policy())
+    run.until(terminal)
+    st = run.policy.status
+    assert st.phase == Phase.COMPLETED and st.finalized is True, st.message
+    assert run.phases() == [
+        "Preflight",
+        "Progressing",
+        "Analyzing",
+        "Progressing",
+        "Analyzing",
+        "Progressing",
+        "Analyzing",
+        "Finalizing",
+        "Completed",
+    ]
+    assert [len(s.nodes) for s in st.stages] == [2, 2, 4]
+    assert [s.phase for s in st.stages] == ["Completed"] * 3
+    assert config_mode(sim) == "nftables"
+    assert sim.get("DaemonSet", "kube-proxy-nftables") is None
+    assert sim.get("ConfigMap", "kube-proxy-nftables") is None
+    assert all(MODE_LABEL not in n.labels for n in sim.nodes.values())
+    for node in sim.nodes:
+        pods = sim.proxies_on(node)
+        assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready
+    ds = sim.get("DaemonSet", "kube-proxy")
+    assert json.dumps(ds["spec"], sort_keys=True) == run.original_ds, (
+        "own affinity and strategy back"
+    )
+    assert st.node_progress == "8/8"
+    assert {c.type: c.status for c in st.conditions}["Ready"] == "True"
+
+
+def test_iptables_to_ipvs_cleans_every_moved_node() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    run = Run(sim, make_policy(targetMode="ipvs"))
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+    cleaned = {
+        a.job["spec"]["template"]["spec"]["nodeName"]
+        for d in run.decisions
+        for a in d.actions
+        if isinstance(a, CreateJob)
+    }
+    assert cleaned == set(sim.nodes)
+    assert config_mode(sim) == "ipvs"
+
+
+def test_a_failed_cleanup_job_stops_the_move_and_fails_the_rollback_loudly() -> None:
+    sim = Sim.cluster({"canary": 1, "general": 1})
+    sim.fail_jobs = True
+    run = Run(sim, make_policy(targetMode="ipvs"))
+    run.until(terminal)
+    st = run.policy.status
+    assert st.phase == Phase.FAILED
+    assert "cleanup Job" in (st.message or "")
+    assert sim.nodes["canary-1"].labels[MODE_LABEL] == "switching", "left for a person, said so"
+
+
+@pytest.mark.parametrize("abort_at", range(0, 40, 3))
+def test_abort_at_any_step_restores_exactly(abort_at: int) -> None:
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy())
+
+    def hook(i: int, s: Sim, _p: ProxyModePolicy) -> None:
+        if i == abort_at:
+            s.action = "abort"
+
+    run.until(
+        lambda p: (
+            p.status.phase in (Phase.ROLLED_BACK,)
+            or (terminal(p) and p.status.phase != Phase.FAILED and abort_at > 200)
+        ),
+        hook=hook,
+    )
+    assert run.policy.status.phase == Phase.ROLLED_BACK
+    run.assert_restored()
+    assert sim.action is None, "the one-shot annotation is consumed"
+
+
+def test_crash_looping_canaries_roll_back_automatically_with_a_reason() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    sim.crashloop_target = True
+    run = Run(sim, make_policy())
+    run.until(terminal)
+    st = run.policy.status
+    assert st.phase == Phase.ROLLED_BACK
+    assert (st.rollback_reason and "restarted" in st.rollback_reason) or "not Ready" in (
+        st.rollback_reason or ""
+    )
+    assert {c.type: c.status for c in st.conditions}["Degraded"] == "True"
+    assert run.phases()[-2:] == ["RollingBack", "RolledBack"]
+    sim.crashloop_target = False
+    run.assert_restored()
+
+
+def test_without_automatic_rollback_a_breach_pauses() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    sim.crashloop_target = True
+    run = Run(sim, make_policy(rollback={"automatic": False}))
+    run.until(lambda p: p.status.phase == Phase.PAUSED)
+    assert run.policy.status.paused_reason == "KubeProxyUnhealthy"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_operator_restarts_and_lost_writes_between_any_steps(seed: int) -> None:
+    sim = Sim.cluster({"canary": 2, "general": 5})
+    run = Run(sim, make_policy(maxUnavailable=2))
+    run.until(terminal, rng=random.Random(seed), limit=600)
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+    assert config_mode(sim) == "nftables"
+    assert all(MODE_LABEL not in n.labels for n in sim.nodes.values())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rollback_survives_restarts_and_lost_writes(seed: int) -> None:
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy())
+
+    def hook(i: int, s: Sim, _p: ProxyModePolicy) -> None:
+        if i == 18:
+            s.action = "abort"
+
+    run.until(lambda p: p.status.phase == Phase.ROLLED_BACK, hook=hook, rng=random.Random(seed))
+    run.assert_restored()
+
+
+def test_rebuilding_from_status_and_labels_alone_resumes() -> None:
+    """A fresh operator gets only the stored status: the next step continues the same move."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    run = Run(sim, make_policy())
+    for _ in range(6):
+        run.step()
+    stored = ProxyModePolicy.model_validate(
+        {
+            "metadata": run.policy.metadata,
+            "spec": run.policy.spec.wire(),
+            "status": json.loads(run.policy.status.model_dump_json(by_alias=True)),
+        }
+    )
+    run.policy = stored
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED
+
+
+def test_a_node_added_to_a_finished_pool_is_migrated() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.current_stage == 1)
+    sim.add_node("canary-3", "canary")
+    run.until(lambda p: "canary-3" in p.status.stages[0].nodes)
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED
+    assert any(e.reason == "NodeJoined" and "canary-3" in e.message for e in sim.events)
+    assert [p.owner for p in sim.proxies_on("canary-3")] == ["kube-proxy"]
+
+
+def test_a_node_deleted_mid_move_leaves_the_plan() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy())
+    run.until(lambda p: any(m.node == "canary-1" for m in p.status.moves))
+    sim.remove_node("canary-1")
+    run.until(terminal)
+    st = run.policy.status
+    assert st.phase == Phase.COMPLETED, st.message
+    assert "canary-1" not in [n for s in st.stages for n in s.nodes]
+
+
+def test_spec_pause_holds_and_resume_continues() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    run.policy = run.policy.model_copy(
+        update={"spec": run.policy.spec.model_copy(update={"paused": True})}
+    )
+    run.until(lambda p: p.status.phase == Phase.PAUSED)
+    labels_then = {n: dict(v.labels) for n, v in sim.nodes.items()}
+    for _ in range(10):
+        run.step()
+    assert run.policy.status.phase == Phase.PAUSED
+    assert {n: dict(v.labels) for n, v in sim.nodes.items()} == labels_then, "nothing moves"
+    run.policy = run.policy.model_copy(
+        update={"spec": run.policy.spec.model_copy(update={"paused": False})}
+    )
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED
+
+
+def test_promote_skips_the_rest_of_the_bake() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    slow = [{**s, "bakeSeconds": 86400} for s in THREE_STAGES]
+    run = Run(sim, make_policy(stages=slow))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    sim.action = "promote"
+    run.step()
+    assert run.policy.status.current_stage == 1
+    assert sim.action == "promote", "removed only once the promotion is stored"
+    run.step()
+    assert sim.action is None
+    run.step()
+    assert run.policy.status.current_stage == 1, "promoted once, not twice"
+
+
+def test_a_plan_change_mid_rollout_pauses_until_resumed() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 6})
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.current_stage == 1)
+    wider = [THREE_STAGES[0], {"name": "most", "percent": 75, "bakeSeconds": 10}, THREE_STAGES[2]]
+    run.policy = run.policy.model_copy(
+        update={
+            "spec": run.policy.spec.model_copy(
+                update={"stages": make_policy(stages=wider).spec.stages}
+            )
+        }
+    )
+    run.step()
+    assert run.policy.status.phase == Phase.PAUSED
+    assert run.policy.status.paused_reason == "PlanChanged"
+    sim.action = "resume"
+    run.until(terminal)
+    st = run.policy.status
+    assert st.phase == Phase.COMPLETED, st.message
+    assert [s.name for s in st.stages] == ["canary", "most", "all"]
+
+
+def test_stages_covering_some_pools_end_in_mixed_mode_and_deletion_rolls_back() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 3})
+    run = Run(sim, make_policy(stages=[THREE_STAGES[0]]))
+    run.until(terminal)
+    st = run.policy.status
+    assert st.phase == Phase.COMPLETED and st.finalized is False
+    assert sim.get("DaemonSet", "kube-proxy-nftables") is not None, "the pair is kept"
+    assert {n for n, v in sim.nodes.items() if v.labels.get(MODE_LABEL) == "nftables"} == {
+        "canary-1",
+        "canary-2",
+    }
+    run.deleting = True
+    run.until(lambda p: False, limit=200)
+    assert run.decisions[-1].release_finalizer
+    sim.collect_garbage("uid-1")
+    run.deleting = False
+    run.policy = run.policy.model_copy(update={"status": run.policy.status})
+    run.assert_restored()
+
+
+def test_deleting_a_finished_finalized_policy_changes_nothing() -> None:
+    sim = Sim.cluster({"canary": 1, "general": 1})
+    run = Run(sim, make_policy())
+    run.until(terminal)
+    run.deleting = True
+    decision = run.step()
+    assert decision.release_finalizer
+    assert config_mode(sim) == "nftables"
+
+
+def test_retry_after_rollback_starts_over() -> None:
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    sim.action = "abort"
+    run.until(lambda p: p.status.phase == Phase.ROLLED_BACK)
+    sim.action = "retry"
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED
+    assert "Retry" in [h.reason for h in run.policy.status.history]
+
+
+def test_max_unavailable_bounds_parallel_moves() -> None:
+    sim = Sim.cluster({"canary": 1, "general": 9})
+    run = Run(sim, make_policy(maxUnavailable=3, stages=[{"name": "all", "percent": 100}]))
+    peak = 0
+
+    def hook(_i: int, _s: Sim, p: ProxyModePolicy) -> None:
+        nonlocal peak
+        peak = max(peak, len(p.status.moves))
+
+    run.until(terminal, hook=hook)
+    assert peak == 3
