@@ -8,10 +8,11 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 SANDBOX ?= .sandbox
 PYTEST_ARGS ?=
 
-.PHONY: help crds venv binaries sandbox sandbox-down sandbox-status demo lint test test-unit test-sandbox clean
+.PHONY: help run crds venv binaries sandbox sandbox-down sandbox-status demo lint test test-unit test-sandbox clean
 
 help:
-	@echo "make demo          bring up the sandbox and show the cluster"
+	@echo "make demo          bring up the sandbox and watch a full iptables -> nftables migration"
+	@echo "make run           run the operator against \$$KUBECONFIG"
 	@echo "make test          lint, type-check and run the whole suite"
 	@echo "make sandbox       start the sandbox (.sandbox/env has KUBECONFIG and PATH)"
 	@echo "make sandbox-down  stop every sandbox process and remove its state"
@@ -39,6 +40,10 @@ sandbox-status: venv
 
 demo: sandbox
 	$(PY) -m proxymode_sandbox --dir $(SANDBOX) show
+	$(PY) -m proxymode_sandbox --dir $(SANDBOX) demo
+
+run: venv
+	$(VENV)/bin/proxymode-operator --liveness=http://127.0.0.1:8080/healthz
 
 crds: venv
 	$(PY) -m proxymode.api.crd > crds/proxymode.io_proxymodepolicies.yaml

@@ -4,6 +4,7 @@
     proxymode-sandbox down
     proxymode-sandbox status
     proxymode-sandbox show            # nodes by pool and the kube-proxy pod on each
+    proxymode-sandbox demo            # a full migration by the operator, shown live
     proxymode-sandbox node add POOL | node remove NAME
     proxymode-sandbox crashloop NAMESPACE POD [--off]
 
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from proxymode_sandbox import demo
 from proxymode_sandbox.cluster import DEFAULT_STATE_DIR, Sandbox, SandboxConfig, SandboxError
 from proxymode_sandbox.show import render_cluster
 
@@ -50,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("down", help="stop every sandbox process and remove the state")
     sub.add_parser("status", help="report which components run")
     sub.add_parser("show", help="nodes by pool and the kube-proxy pod on each")
+    sub.add_parser("demo", help="run a full iptables -> nftables migration and show it live")
     node = sub.add_parser("node", help="add or remove a node while the sandbox runs")
     node_sub = node.add_subparsers(dest="action", required=True)
     node_sub.add_parser("add").add_argument("pool")
@@ -81,18 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(sandbox: Sandbox, args: argparse.Namespace) -> int:
     if args.command == "up":
-        if sandbox.status().healthy:
-            print(f"sandbox already running in {sandbox.dir} ({sandbox.server})")
-            return 0
-        start = time.monotonic()
-        report = sandbox.up(log=lambda line: print(f"  {line}", flush=True))
-        print(
-            f"sandbox up in {time.monotonic() - start:.1f}s: Kubernetes "
-            f"{sandbox.kubernetes_version} at {sandbox.server}"
-        )
-        print(f"  source {sandbox.env_file} to use kubectl and helm against it")
-        del report
-        return 0
+        return _up(sandbox)
     if args.command == "down":
         stopped = sandbox.down()
         print(
@@ -104,8 +96,29 @@ def _run(sandbox: Sandbox, args: argparse.Namespace) -> int:
     if not sandbox.status().healthy:
         print(f"no healthy sandbox in {sandbox.dir}; run `make sandbox`", file=sys.stderr)
         return 1
+    return _use(sandbox, args)
+
+
+def _up(sandbox: Sandbox) -> int:
+    if sandbox.status().healthy:
+        print(f"sandbox already running in {sandbox.dir} ({sandbox.server})")
+        return 0
+    start = time.monotonic()
+    sandbox.up(log=lambda line: print(f"  {line}", flush=True))
+    print(
+        f"sandbox up in {time.monotonic() - start:.1f}s: Kubernetes "
+        f"{sandbox.kubernetes_version} at {sandbox.server}"
+    )
+    print(f"  source {sandbox.env_file} to use kubectl and helm against it")
+    return 0
+
+
+def _use(sandbox: Sandbox, args: argparse.Namespace) -> int:
     if args.command == "show":
         print(render_cluster(sandbox))
+    elif args.command == "demo":
+        phase = demo.run(sandbox, out=lambda line: print(line, flush=True))
+        return 0 if phase == "Completed" else 1
     elif args.command == "node" and args.action == "add":
         print(f"node {sandbox.add_node(args.pool)} added and Ready")
     elif args.command == "node":

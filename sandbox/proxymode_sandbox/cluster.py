@@ -15,6 +15,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -599,6 +600,39 @@ class Sandbox:
         """Make a pod crash-loop (never Ready, restarts rising) or stop marking it."""
         value = f"{CRASHLOOP_ANNOTATION}=true" if on else f"{CRASHLOOP_ANNOTATION}-"
         self.kubectl("annotate", "pod", pod, "-n", namespace, value, "--overwrite")
+
+    # -- the operator --
+
+    def start_operator(self, kubeconfig: Path | None = None) -> ProcessRecord:
+        """Run the proxymode operator as a process of this sandbox (``down`` stops it too)."""
+        self.stop_operator()
+        record = process.start(
+            "operator",
+            [
+                sys.executable,
+                "-m",
+                "proxymode",
+                f"--kubeconfig={kubeconfig or self.kubeconfig}",
+                f"--liveness=http://127.0.0.1:{process.free_port()}/healthz",
+            ],
+            self.dir / "logs" / "operator.log",
+        )
+        self._add_record(record)
+        return record
+
+    def stop_operator(self, kill: bool = False) -> None:
+        """Stop the operator (``kill``: SIGKILL at once, as a crash would)."""
+        records = [r for r in self._records() if r.name == "operator"]
+        for record in records:
+            if process.alive(record, self.marker):
+                if kill:
+                    process.kill_now(record.pid)
+                else:
+                    process.stop_pids([record.pid])
+        self._state["processes"] = [
+            p for p in self._state.get("processes", []) if p["name"] != "operator"
+        ]
+        self._save_state()
 
     # -- env --
 

@@ -149,3 +149,14 @@ def stop_pids(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
         _reap(pid)
+
+
+def kill_now(pid: int) -> None:
+    """SIGKILL a process group, as a crash or an OOM kill would end it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _cmdline(pid) is not None and not _is_zombie(pid):
+        _reap(pid)
+        time.sleep(0.05)
+    _reap(pid)

@@ -15,12 +15,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from proxymode_sandbox import Sandbox, SandboxConfig
+from proxymode_sandbox.process import log_tail
 
 pytestmark = pytest.mark.sandbox
 T = TypeVar("T")
+CRD = Path(__file__).resolve().parents[2] / "crds" / "proxymode.io_proxymodepolicies.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +37,39 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         yield box
     finally:
         box.down()
+
+
+@pytest.fixture(scope="session")
+def crd(api: client.ApiClient) -> str:
+    """The ProxyModePolicy CRD from crds/, installed and Established."""
+    ext = client.ApiextensionsV1Api(api)
+    body = yaml.safe_load(CRD.read_text())
+    try:
+        ext.create_custom_resource_definition(body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    name: str = body["metadata"]["name"]
+    eventually(
+        lambda: any(
+            c.type == "Established" and c.status == "True"
+            for c in ext.read_custom_resource_definition(name).status.conditions or []
+        ),
+        what="the CRD to be Established",
+    )
+    return name
+
+
+@pytest.fixture(scope="session")
+def operator(sandbox: Sandbox, crd: str) -> Iterator[Sandbox]:
+    """The proxymode operator running as its own process against the sandbox."""
+    record = sandbox.start_operator()
+    try:
+        yield sandbox
+    finally:
+        sandbox.stop_operator()
+        # Shown by pytest only when something failed: what the operator said last.
+        print(f"--- last lines of {record.log} ---\n{log_tail(record.log, 40)}")
 
 
 @pytest.fixture(scope="session")

@@ -9,43 +9,23 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from proxymode.api import models
 from tests.policy_cases import InvalidCase, invalid_cases, valid_base
-from tests.sandbox.conftest import eventually
 
-CRD = Path(__file__).resolve().parents[2] / "crds" / "proxymode.io_proxymodepolicies.yaml"
 CASES = invalid_cases()
 G, V, P = models.GROUP, models.VERSION, models.PLURAL
 
 
 @pytest.fixture(scope="module")
-def policies(api: client.ApiClient) -> Iterator[client.CustomObjectsApi]:
-    """The CRD installed (and Established); policies left by a test are deleted after."""
-    ext = client.ApiextensionsV1Api(api)
-    body = yaml.safe_load(CRD.read_text())
-    try:
-        ext.create_custom_resource_definition(body)
-    except ApiException as e:
-        if e.status != 409:
-            raise
-    eventually(
-        lambda: any(
-            c.type == "Established" and c.status == "True"
-            for c in ext.read_custom_resource_definition(body["metadata"]["name"]).status.conditions
-            or []
-        ),
-        what="the CRD to be Established",
-    )
-    yield client.CustomObjectsApi(api)
+def policies(api: client.ApiClient, crd: str) -> client.CustomObjectsApi:
+    """The custom-objects API, with the CRD installed."""
+    return client.CustomObjectsApi(api)
 
 
 def message(error: ApiException) -> str:

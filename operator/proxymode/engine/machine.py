@@ -151,6 +151,8 @@ class _Machine:
 
     def decision(self) -> Decision:
         self._derive_summary()
+        if any(not isinstance(a, EmitEvent) for a in self.actions):
+            self.requeue = min(self.requeue, 2.0)  # look again soon to see what they did
         return Decision(
             status=self.status,
             actions=tuple(self.actions),
@@ -483,21 +485,32 @@ class _Machine:
         return failure
 
     def _start_moves(self, candidates: list[str], direction: MoveDirection) -> None:
-        """Start moves for ``candidates`` in order while the unavailability budget allows."""
+        """Start moves for ``candidates`` in order while the budget allows.
+
+        The budget is counted from the world, not from ``status.moves`` alone, so a lost
+        status write never lets more nodes go down than ``maxUnavailable``:
+
+        - forward, every planned node without a Ready kube-proxy counts (a rollout never
+          adds outages to a cluster that already has some);
+        - back (rollback, handback), only nodes this policy is moving count: a broken canary
+          that is not moving yet has no working proxy to lose, and counting it would block
+          the very move that mends it.
+        """
         moving = {m.node for m in self.status.moves}
         mode = str(self.spec.target_mode)
         planned = [n for s in self.status.stages for n in s.nodes]
-        # Counted from the world, not from status.moves: a lost status write must not
-        # let more nodes go down than the budget allows.
-        down = {n for n in planned if not mv.healthy_proxy(self.obs, n, mode)} | moving
+        if direction == MoveDirection.FORWARD:
+            down = {n for n in planned if not mv.healthy_proxy(self.obs, n, mode)} | moving
+        else:
+            switching = {
+                n for n in planned if (v := self.obs.node(n)) and v.mode_label == SWITCHING
+            }
+            down = switching | moving
         budget = self._budget()
         for node in candidates:
             if node in moving or self.obs.node(node) is None:
                 continue
-            already_broken = direction != MoveDirection.FORWARD and not mv.healthy_proxy(
-                self.obs, node, mode
-            )
-            if len(down) >= budget and not already_broken:
+            if len(down) >= budget:
                 break
             self.status.moves.append(mv.start(node, direction, self.now))
             down.add(node)
@@ -538,7 +551,7 @@ class _Machine:
         stage.nodes_done = 0
         self.status.current_stage = index
         self.status.analysis = AnalysisStatus() if self.spec.analysis else None
-        self._event("StageStarted", f"stage {stage.name}: moving {len(stage.nodes)} nodes")
+        self._event("StageStarted", f"stage {stage.name}: moving {_nodes(len(stage.nodes))}")
 
     def _health_failure(self) -> str | None:
         """A moved node whose target kube-proxy restarts or stays not Ready."""
@@ -596,8 +609,11 @@ class _Machine:
         if stage.phase == StagePhase.PROGRESSING:
             stage.phase = StagePhase.BAKING
             stage.baked_since = self.now
-            self._event("StageBaking", f"stage {stage.name}: all {len(done)} nodes moved; baking")
-        self._transition(Phase.ANALYZING, "StageBaking", f"stage {stage.name}: baking")
+        self._transition(
+            Phase.ANALYZING,
+            "StageBaking",
+            f"stage {stage.name}: all {len(done)} nodes moved; baking",
+        )
         self._bake(index)
 
     def _at_target(self, node: str) -> bool:
@@ -917,7 +933,7 @@ class _Machine:
         )
         if self.obs.deleting:
             self.release = True
-        self.requeue = 300
+        self.requeue = 1  # the next look tidies up the snapshot
 
     # -- finalize -------------------------------------------------------------------------------
 
@@ -972,7 +988,7 @@ class _Machine:
                 "Completed",
                 f"every node runs {self.spec.target_mode} from the source DaemonSet",
             )
-            self.requeue = 300
+            self.requeue = 1  # the next look tidies up the snapshot
 
     def _restore_for_finalize(self, backup: Mapping[str, str], src_ds: Object) -> bool:
         for obj, kind, api in (
@@ -1033,9 +1049,11 @@ class _Machine:
         st.current_stage_name = self._stage_name()
         planned = [n for s in st.stages for n in s.nodes]
         moved = [n for n in planned if self._at_target(n)]
+        if st.phase == Phase.FINALIZING or (st.phase == Phase.COMPLETED and st.finalized):
+            # Finalizing hands nodes back to the source DaemonSet, now in the target mode:
+            # count those, so the figure keeps rising to n/n.
+            moved = [n for n in planned if (v := self.obs.node(n)) and v.mode_label is None]
         st.node_progress = f"{len(moved)}/{len(planned)}" if planned else None
-        if st.phase == Phase.COMPLETED and st.finalized:
-            st.node_progress = f"{len(planned)}/{len(planned)}"
         self._set_conditions()
 
     def _set_conditions(self) -> None:
@@ -1087,6 +1105,10 @@ class _Machine:
                 )
             )
         st.conditions = result
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"
 
 
 def _template_hash(ds: Object | None) -> str | None:

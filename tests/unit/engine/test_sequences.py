@@ -86,6 +86,10 @@ class Run:
             assert len(self.sim.proxies_on(node)) <= 1, f"two kube-proxies on {node}"
         down = self.sim.without_ready_proxy() - self._crashing()
         assert len(down) <= self.budget + 1, f"{sorted(down)} without a Ready kube-proxy"
+        switching = [
+            n for n, v in self.sim.nodes.items() if v.labels.get(MODE_LABEL) == "switching"
+        ]
+        assert len(switching) <= self.budget, f"{switching} between proxies at once"
         recorded = {n for s in self.policy.status.stages for n in s.nodes}
         labelled = {n for n, v in self.sim.nodes.items() if MODE_LABEL in v.labels}
         assert labelled <= recorded | {m.node for m in self.policy.status.moves}, (

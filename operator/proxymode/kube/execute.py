@@ -1,0 +1,176 @@
+"""Carry out the engine's actions against the API server. The only writes the operator makes.
+
+Actions run in order; the first that the server refuses because the world moved on
+(a failed JSON-patch ``test``, a label that is no longer what the engine saw, a 409)
+stops the batch with ``Conflict``: the next look decides again from fresh reads.
+Nothing is overwritten blindly: patches carry their preconditions, creates of objects
+that exist are no-ops (the backup is never replaced), and deletes of missing objects
+are fine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kubernetes import client, dynamic
+from kubernetes.client.exceptions import ApiException
+
+from proxymode.api import models
+from proxymode.engine.actions import (
+    Action,
+    ApplyObject,
+    ClearAction,
+    CreateJob,
+    DeleteObject,
+    EmitEvent,
+    PatchObject,
+    SaveBackup,
+    SetNodeMode,
+)
+from proxymode.engine.observed import ACTION_ANNOTATION, MODE_LABEL
+
+FIELD_MANAGER = "proxymode"
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[EmitEvent], None]
+
+
+class ConflictError(RuntimeError):
+    """The world changed under an action; nothing after it in the batch ran."""
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+class Executor:
+    """Applies actions for one policy."""
+
+    def __init__(self, api: client.ApiClient, policy_name: str, events: EventSink) -> None:
+        self.api = api
+        self.dyn = dynamic.DynamicClient(api)
+        self.core = client.CoreV1Api(api)
+        self.policy = policy_name
+        self.events = events
+
+    def run(self, actions: Sequence[Action]) -> int:
+        """Carry out ``actions`` in order; returns how many succeeded before a conflict."""
+        done = 0
+        for action in actions:
+            try:
+                self._one(action)
+            except ConflictError as e:
+                log.info("stopped at %s: %s", type(action).__name__, e)
+                return done
+            except ApiException as e:
+                if e.status in (409, 422):
+                    log.info("stopped at %s: %s %s", type(action).__name__, e.status, e.reason)
+                    return done
+                raise
+            done += 1
+        return done
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self.dyn.resources.get(api_version=api_version, kind=kind)
+
+    def _one(self, action: Action) -> None:
+        if isinstance(action, SetNodeMode):
+            self._set_node_mode(action)
+        elif isinstance(action, SaveBackup | CreateJob):
+            obj = action.obj if isinstance(action, SaveBackup) else action.job
+            self._create(obj)
+        elif isinstance(action, ApplyObject):
+            obj = dict(action.obj)
+            resource = self._resource(obj["apiVersion"], obj["kind"])
+            self.dyn.server_side_apply(
+                resource,
+                body=obj,
+                namespace=obj["metadata"].get("namespace"),
+                field_manager=FIELD_MANAGER,
+                force_conflicts=True,
+            )
+        elif isinstance(action, PatchObject):
+            resource = self._resource(action.api_version, action.kind)
+            self.dyn.patch(
+                resource,
+                body=list(action.ops),
+                name=action.name,
+                namespace=action.namespace,
+                content_type=JSON_PATCH,
+                field_manager=FIELD_MANAGER,
+            )
+        elif isinstance(action, DeleteObject):
+            self._delete(action)
+        elif isinstance(action, EmitEvent):
+            self.events(action)
+        elif isinstance(action, ClearAction):
+            resource = self._resource(f"{models.GROUP}/{models.VERSION}", models.KIND)
+            self.dyn.patch(
+                resource,
+                body={"metadata": {"annotations": {ACTION_ANNOTATION: None}}},
+                name=self.policy,
+                content_type=MERGE_PATCH,
+            )
+
+    def _create(self, obj: Any) -> None:
+        resource = self._resource(obj["apiVersion"], obj["kind"])
+        try:
+            self.dyn.create(
+                resource,
+                body=dict(obj),
+                namespace=obj["metadata"].get("namespace"),
+                field_manager=FIELD_MANAGER,
+            )
+        except ApiException as e:
+            if e.status != 409:  # exists: never replaced (a snapshot must stay the first one)
+                raise
+
+    def _delete(self, action: DeleteObject) -> None:
+        resource = self._resource(action.api_version, action.kind)
+        try:
+            self.dyn.delete(
+                resource,
+                name=action.name,
+                namespace=action.namespace,
+                body={"propagationPolicy": "Background"},
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def _set_node_mode(self, action: SetNodeMode) -> None:
+        """Change the label only if it is still what the engine saw (read, then test-and-set)."""
+        try:
+            response = self.core.read_node(action.node, _preload_content=False)
+        except ApiException as e:
+            if e.status == 404:
+                raise ConflictError(f"node {action.node} is gone") from e
+            raise
+        meta = json.loads(response.data)["metadata"]  # type: ignore[attr-defined]
+        labels = meta.get("labels") or {}
+        current = labels.get(MODE_LABEL)
+        if current != action.expect:
+            raise ConflictError(
+                f"node {action.node}: label is {current!r}, expected {action.expect!r}"
+            )
+        path = f"/metadata/labels/{_escape(MODE_LABEL)}"
+        ops: list[dict[str, Any]] = [
+            {
+                "op": "test",
+                "path": "/metadata/resourceVersion",
+                "value": meta["resourceVersion"],
+            }
+        ]
+        if not labels:
+            ops.append({"op": "add", "path": "/metadata/labels", "value": {}})
+        if action.value is None:
+            if current is not None:
+                ops.append({"op": "remove", "path": path})
+        else:
+            ops.append({"op": "add", "path": path, "value": action.value})
+        self.core.patch_node(action.node, ops, _content_type=JSON_PATCH)

@@ -1,0 +1,255 @@
+"""Read the world into the engine's ``Observed`` snapshot. The only reads the operator makes.
+
+Objects the engine copies or patches (the source DaemonSet and ConfigMap, the target
+pair) are kept exactly as the API returned them (camelCase JSON); everything else is
+reduced to the few fields the engine needs. Cluster-wide inventory (Services,
+EndpointSlices, CNI, other policies) is gathered only while preflight needs it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from proxymode.api import models
+from proxymode.api.models import Phase, ProxyModePolicy
+from proxymode.engine import naming
+from proxymode.engine.objects import JOB_NODE_LABEL
+from proxymode.engine.observed import (
+    ACTION_ANNOTATION,
+    POLICY_LABEL,
+    AnalysisRound,
+    CleanupJobView,
+    ClusterFacts,
+    NodeView,
+    Object,
+    Observed,
+    ProxyKind,
+    ProxyPod,
+)
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+CNI_DAEMON_SETS = {
+    "calico-node": "calico",
+    "cilium": "cilium",
+    "kube-flannel-ds": "flannel",
+    "kube-flannel": "flannel",
+    "weave-net": "weave",
+    "aws-node": "aws-vpc-cni",
+    "kube-router": "kube-router",
+    "antrea-agent": "antrea",
+    "canal": "canal",
+}
+
+
+def _raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+    """Call a typed API method but keep the JSON as the server sent it; None on 404."""
+    try:
+        response = call(*args, _preload_content=False, **kwargs)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    data: dict[str, Any] = json.loads(response.data)
+    return data
+
+
+def _time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _ready(obj: Object) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (obj.get("status") or {}).get("conditions") or []
+    )
+
+
+def node_view(node: Object) -> NodeView:
+    meta = node["metadata"]
+    info = (node.get("status") or {}).get("nodeInfo") or {}
+    labels = meta.get("labels") or {}
+    return NodeView(
+        name=meta["name"],
+        labels=labels,
+        ready=_ready(node),
+        kernel=info.get("kernelVersion", ""),
+        os_image=info.get("osImage", ""),
+        container_runtime=info.get("containerRuntimeVersion", ""),
+        kubelet_version=info.get("kubeletVersion", ""),
+        zone=labels.get(ZONE_LABEL, ""),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def proxy_pod(pod: Object, kind: ProxyKind) -> ProxyPod:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return ProxyPod(
+        name=pod["metadata"]["name"],
+        node=(pod.get("spec") or {}).get("nodeName", ""),
+        kind=kind,
+        ready=_ready(pod),
+        restarts=sum(int(c.get("restartCount", 0)) for c in statuses),
+        terminating=bool(pod["metadata"].get("deletionTimestamp")),
+        created=_time(pod["metadata"].get("creationTimestamp")),
+    )
+
+
+class Observer:
+    """Takes ``Observed`` snapshots for policies through one API client."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.discovery = client.DiscoveryV1Api(api)
+
+    def observe(
+        self,
+        policy: ProxyModePolicy,
+        *,
+        deleting: bool = False,
+        analysis: AnalysisRound | None = None,
+        now: datetime | None = None,
+    ) -> Observed:
+        ref = policy.spec.kube_proxy
+        ns = ref.namespace
+        mode = str(policy.spec.target_mode)
+        name = str(policy.metadata.get("name", ""))
+        source_ds = _raw(self.apps.read_namespaced_daemon_set, ref.daemon_set, ns)
+        target_ds = _raw(
+            self.apps.read_namespaced_daemon_set, naming.target_daemon_set(ref.daemon_set, mode), ns
+        )
+        nodes = tuple(node_view(n) for n in self._list(self.core.list_node))
+        backup = _raw(self.core.read_namespaced_config_map, naming.backup_config_map(name), ns)
+        annotations = policy.metadata.get("annotations") or {}
+        return Observed(
+            now=now or datetime.now(UTC),
+            generation=int(policy.metadata.get("generation", 0)),
+            nodes=nodes,
+            pods=self._pods(ns, source_ds, target_ds),
+            source_daemon_set=source_ds,
+            source_config_map=_raw(self.core.read_namespaced_config_map, ref.config_map, ns),
+            target_daemon_set=target_ds,
+            target_config_map=_raw(
+                self.core.read_namespaced_config_map,
+                naming.target_config_map(ref.config_map, mode),
+                ns,
+            ),
+            backup=(backup or {}).get("data") if backup is not None else None,
+            jobs=self._jobs(ns, name),
+            facts=self._facts(policy)
+            if policy.status.phase in (Phase.PENDING, Phase.PREFLIGHT)
+            else ClusterFacts(),
+            analysis=analysis,
+            action=annotations.get(ACTION_ANNOTATION),
+            deleting=deleting,
+        )
+
+    def _list(self, call: Any, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        data = _raw(call, *args, **kwargs)
+        return list((data or {}).get("items") or [])
+
+    def _pods(self, ns: str, source: Object | None, target: Object | None) -> tuple[ProxyPod, ...]:
+        owners: dict[str, ProxyKind] = {}
+        selectors = []
+        for ds, kind in ((source, ProxyKind.SOURCE), (target, ProxyKind.TARGET)):
+            if ds is None:
+                continue
+            owners[ds["metadata"]["uid"]] = kind
+            match = ds["spec"]["selector"].get("matchLabels") or {}
+            selectors.append(",".join(f"{k}={v}" for k, v in sorted(match.items())))
+        pods: dict[str, ProxyPod] = {}
+        for selector in selectors:
+            for pod in self._list(self.core.list_namespaced_pod, ns, label_selector=selector):
+                for ref in pod["metadata"].get("ownerReferences") or []:
+                    owner = owners.get(ref.get("uid", ""))
+                    if owner is not None and ref.get("controller"):
+                        pods[pod["metadata"]["name"]] = proxy_pod(pod, owner)
+        return tuple(pods.values())
+
+    def _jobs(self, ns: str, policy: str) -> tuple[CleanupJobView, ...]:
+        out = []
+        for job in self._list(
+            self.batch.list_namespaced_job, ns, label_selector=f"{POLICY_LABEL}={policy}"
+        ):
+            conditions = {
+                c.get("type"): c.get("status")
+                for c in (job.get("status") or {}).get("conditions") or []
+            }
+            out.append(
+                CleanupJobView(
+                    name=job["metadata"]["name"],
+                    node=(job["metadata"].get("labels") or {}).get(JOB_NODE_LABEL, ""),
+                    succeeded=conditions.get("Complete") == "True",
+                    failed=conditions.get("Failed") == "True",
+                )
+            )
+        return tuple(out)
+
+    def _count(self, call: Any) -> int | None:
+        try:
+            data = _raw(call, limit=1)
+        except ApiException:
+            return None
+        if data is None:
+            return None
+        remaining = int((data.get("metadata") or {}).get("remainingItemCount") or 0)
+        return len(data.get("items") or []) + remaining
+
+    def _facts(self, policy: ProxyModePolicy) -> ClusterFacts:
+        version = client.VersionApi(self.api).get_code().git_version
+        ref = policy.spec.kube_proxy
+        daemon_sets = self._list(self.apps.list_daemon_set_for_all_namespaces)
+        cni = sorted(
+            {
+                CNI_DAEMON_SETS[d["metadata"]["name"]]
+                for d in daemon_sets
+                if d["metadata"]["name"] in CNI_DAEMON_SETS
+            }
+        )
+        static = [
+            p["metadata"]["name"]
+            for p in self._list(self.core.list_namespaced_pod, ref.namespace)
+            if p["metadata"]["name"].startswith(f"{ref.daemon_set}-")
+            and "kubernetes.io/config.mirror" in (p["metadata"].get("annotations") or {})
+        ]
+        return ClusterFacts(
+            kubernetes_version=version,
+            services=self._count(self.core.list_service_for_all_namespaces),
+            endpoint_slices=self._count(self.discovery.list_endpoint_slice_for_all_namespaces),
+            cni=", ".join(cni) if cni else None,
+            static_kube_proxy_pods=tuple(static),
+            other_policies=tuple(self._rivals(policy)),
+        )
+
+    def _rivals(self, policy: ProxyModePolicy) -> list[str]:
+        """Other policies that drive the same source DaemonSet and have not finished."""
+        mine = str(policy.metadata.get("name", ""))
+        data = _raw(
+            self.custom.list_cluster_custom_object, models.GROUP, models.VERSION, models.PLURAL
+        )
+        out = []
+        for item in (data or {}).get("items", []):
+            name = item["metadata"]["name"]
+            spec = item.get("spec") or {}
+            status = item.get("status") or {}
+            ref = spec.get("kubeProxy") or {}
+            same = (ref.get("namespace", "kube-system"), ref.get("daemonSet", "kube-proxy")) == (
+                policy.spec.kube_proxy.namespace,
+                policy.spec.kube_proxy.daemon_set,
+            )
+            active = status.get("phase") in ({p.value for p in models.IN_FLIGHT_PHASES}) or (
+                status.get("phase") == Phase.COMPLETED and status.get("finalized") is False
+            )
+            if name != mine and same and active:
+                out.append(name)
+        return out
