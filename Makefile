@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 SANDBOX ?= .sandbox
 PYTEST_ARGS ?=
 
-.PHONY: help run crds venv binaries sandbox sandbox-down sandbox-status demo lint test test-unit test-sandbox clean
+.PHONY: help run crds venv binaries system-deps sandbox sandbox-down sandbox-status demo lint test test-unit test-sandbox clean
 
 help:
 	@echo "make demo          bring up the sandbox and watch a full iptables -> nftables migration"
@@ -29,7 +29,10 @@ venv: $(STAMP)
 binaries:
 	@bash sandbox/build-binaries.sh >/dev/null
 
-sandbox: venv binaries
+system-deps:
+	@bash sandbox/install-system-deps.sh
+
+sandbox: venv binaries system-deps
 	$(PY) -m proxymode_sandbox --dir $(SANDBOX) up
 
 sandbox-down: venv
@@ -53,13 +56,13 @@ lint: venv
 	$(VENV)/bin/ruff format --check operator sandbox tests
 	$(VENV)/bin/mypy
 
-test: venv binaries lint
+test: venv binaries system-deps lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-sandbox: venv binaries
+test-sandbox: venv binaries system-deps
 	$(PY) -m pytest tests/sandbox $(PYTEST_ARGS)
 
 clean: sandbox-down

@@ -56,6 +56,8 @@ class SandboxConfig:
     legacy_nodes: int = 0
     proxy_mode: str = "iptables"
     ready_timeout: float = 180.0
+    prometheus: bool = True
+    """Run simulated kube-proxy metrics and a Prometheus that scrapes them."""
 
     def topology(self) -> Topology:
         return Topology.sized(self.nodes, self.canary_nodes, self.legacy_nodes)
@@ -132,6 +134,11 @@ class Sandbox:
     @property
     def kubernetes_version(self) -> str:
         return str(self._state.get("kubernetesVersion", ""))
+
+    @property
+    def prometheus_url(self) -> str:
+        """The sandbox's Prometheus (empty when it runs without one)."""
+        return str(self._state.get("prometheus", ""))
 
     @property
     def marker(self) -> str:
@@ -223,6 +230,9 @@ class Sandbox:
                     self._create_node(pool, i)
             self.wait_nodes_ready()
             self.wait_kube_proxy_ready()
+        if self.config.prometheus:
+            with self._phase(report, "prometheus", log):
+                self._start_monitoring()
         self._write_env()
 
     def down(self) -> list[str]:
@@ -415,6 +425,63 @@ class Sandbox:
             verify=False,
         )
         self._check_alive(kwok)
+
+    def _start_monitoring(self) -> None:
+        """Simulated per-node kube-proxy metrics, and a real Prometheus scraping them."""
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise SandboxError("prometheus is not installed; `make system-deps` installs it")
+        prom_dir = self.dir / "prometheus"
+        targets = prom_dir / "targets"
+        targets.mkdir(parents=True, exist_ok=True)
+        metrics = self._start(
+            "kube-proxy-metrics",
+            [
+                sys.executable,
+                "-m",
+                "proxymode_sandbox.kube_proxy_metrics",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--targets-dir={targets}",
+            ],
+        )
+        self._wait(
+            "the metrics simulator's targets",
+            lambda: None if (targets / "kube-proxy.json").exists() else "no targets yet",
+        )
+        self._check_alive(metrics)
+        port = process.free_port()
+        config = {
+            "global": {
+                "scrape_interval": "2s",
+                "scrape_timeout": "1s",
+                "evaluation_interval": "2s",
+            },
+            "scrape_configs": [
+                {
+                    "job_name": job,
+                    "file_sd_configs": [
+                        {"files": [str(targets / f"{job}.json")], "refresh_interval": "2s"}
+                    ],
+                }
+                for job in ("kube-proxy", "node-exporter")
+            ],
+        }
+        (prom_dir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        url = f"http://127.0.0.1:{port}"
+        record = self._start(
+            "prometheus",
+            [
+                binary,
+                f"--config.file={prom_dir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={prom_dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=1d",
+                "--log.level=warn",
+            ],
+        )
+        self._wait_http(record, f"{url}/-/ready", "prometheus")
+        self._state["prometheus"] = url
+        self._save_state()
 
     # -- waiting --
 
@@ -643,6 +710,8 @@ class Sandbox:
             f"export PATH={self.bin_dir}:$PATH",
             f"export PROXYMODE_SANDBOX={self.dir}",
         ]
+        if self.prometheus_url:
+            lines.append(f"export PROMETHEUS_URL={self.prometheus_url}")
         self.env_file.write_text("\n".join(lines) + "\n")
 
 

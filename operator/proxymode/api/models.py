@@ -251,6 +251,29 @@ class PrometheusSource(_Model):
     timeout_seconds: Annotated[int, Field(ge=1, le=120)] = 10
 
 
+class MannWhitney(_Model):
+    """A one-sided Mann-Whitney U test of the canary's per-node values against the baseline's.
+
+    Kayenta's judge, without the score: the check fails when the canary nodes' values are
+    significantly greater (at ``alpha``) than the baseline nodes' values scaled by
+    ``1 + tolerance``. It compares two groups, so it needs a baseline group: without one
+    (or with fewer than ``minSamples`` nodes in a group) it is Inconclusive. Few nodes
+    cannot reach a small alpha: with 3 against 3 the smallest p-value is 1/20 = 0.05.
+    """
+
+    alpha: Annotated[float, Field(gt=0, le=0.5)] = Field(
+        default=0.05, description="Significance level of the one-sided test (p <= alpha fails)."
+    )
+    tolerance: Annotated[float, Field(ge=0, le=10)] = Field(
+        default=0.1,
+        description="Relative band: the canary may be up to (1 + tolerance) times the baseline"
+        " before it counts as worse.",
+    )
+    min_samples: Annotated[int, Field(ge=2, le=1000)] = Field(
+        default=3, description="Per-node values each group needs, or the test is Inconclusive."
+    )
+
+
 class Check(_Model):
     """One exit criterion judged every round, for the canary and (if asked) the baseline."""
 
@@ -281,6 +304,12 @@ class Check(_Model):
                     " || (has(self.template) && self.template == 'ConntrackUsage')",
                     "maxRatio applies to ConntrackUsage",
                 ),
+                _cel(
+                    "!has(self.mannWhitney) || has(self.template)"
+                    " || (has(self.query) && self.query.contains('{{by_node}}'))",
+                    "mannWhitney needs a template, or a custom query with the {{by_node}}"
+                    " placeholder so that it can give one value per node",
+                ),
             ]
         }
     )
@@ -288,7 +317,10 @@ class Check(_Model):
     name: Name
     template: Template | None = None
     query: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
-        default=None, description="PromQL with {{nodes}} where the group's node matcher goes."
+        default=None,
+        description="PromQL with {{nodes}} where the group's node matcher goes; for"
+        " mannWhitney also {{by_node}} in a by clause (the node label per node, empty for"
+        " the group).",
     )
     max_seconds: Annotated[float, Field(gt=0, le=3600)] | None = None
     max_ratio: Annotated[float, Field(gt=0, le=1)] | None = None
@@ -297,6 +329,11 @@ class Check(_Model):
     )
     min: float | None = Field(default=None, ge=-1e12, le=1e12)
     max: float | None = Field(default=None, ge=-1e12, le=1e12)
+    mann_whitney: MannWhitney | None = Field(
+        default=None,
+        description="Also compare the canary's per-node values with the baseline's"
+        " (one-sided Mann-Whitney U with a tolerance band).",
+    )
 
     @model_validator(mode="after")
     def _coherent(self) -> Check:
@@ -327,6 +364,15 @@ class Check(_Model):
             )
         if self.max_ratio is not None and self.template != Template.CONNTRACK_USAGE:
             raise ValueError(f"{where}: maxRatio applies to ConntrackUsage")
+        if (
+            self.mann_whitney is not None
+            and self.template is None
+            and (self.query is None or "{{by_node}}" not in self.query)
+        ):
+            raise ValueError(
+                f"{where}: mannWhitney needs a template, or a custom query with the"
+                " {{by_node}} placeholder so that it can give one value per node"
+            )
         return self
 
 

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the sandbox and the tests need, when missing:
+#   prometheus (prometheus + promtool): the sandbox's Prometheus and PromQL tests.
+# Runs apt-get as root (CI and these machines run as root), or through sudo.
+set -euo pipefail
+need=()
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+[ ${#need[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "install-system-deps: installing ${need[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# The package's service is not wanted: the sandbox starts its own Prometheus on a free port.
+if command -v systemctl >/dev/null 2>&1; then
+  $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
+$sudo service prometheus stop >/dev/null 2>&1 || true
