@@ -869,10 +869,9 @@ class _Machine:
         if self._restore():
             self._finish_rollback()
 
-    def _restore(self) -> bool:
-        """Delete the target objects, put the source back exactly. True when all is back."""
-        backup = self.obs.backup
-        done = True
+    def _delete_target_pair(self) -> bool:
+        """Ask for the target DaemonSet and ConfigMap to go. True when neither exists."""
+        gone = True
         for obj, kind, api in (
             (self.obs.target_daemon_set, "DaemonSet", "apps/v1"),
             (self.obs.target_config_map, "ConfigMap", "v1"),
@@ -880,29 +879,43 @@ class _Machine:
             if obj is not None:
                 meta = obj["metadata"]
                 self.actions.append(DeleteObject(api, kind, meta["namespace"], meta["name"]))
-                done = False
+                gone = False
+        return gone
+
+    def _restore_source_spec(self, src_ds: Object, backup: Mapping[str, str], why: str) -> bool:
+        """Patch the source DaemonSet back to the snapshot. True when it already matches."""
+        original = objects.original_spec(backup)
+        if src_ds["spec"] == original:
+            return True
+        meta = src_ds["metadata"]
+        self.actions.append(
+            PatchObject(
+                "apps/v1",
+                "DaemonSet",
+                meta["namespace"],
+                meta["name"],
+                objects.spec_patch(src_ds, original),
+                why=why,
+            )
+        )
+        return False
+
+    def _restore(self) -> bool:
+        """Delete the target objects, put the source back exactly. True when all is back."""
+        backup = self.obs.backup
+        done = self._delete_target_pair()
         for job in self.obs.jobs:
             ns = self.spec.kube_proxy.namespace
             self.actions.append(DeleteObject("batch/v1", "Job", ns, job.name))
         if backup is None:
             return done
         src_ds, src_cm = self.obs.source_daemon_set, self.obs.source_config_map
-        if src_ds is not None and src_ds["spec"] != objects.original_spec(backup):
-            meta = src_ds["metadata"]
-            self.actions.append(
-                PatchObject(
-                    "apps/v1",
-                    "DaemonSet",
-                    meta["namespace"],
-                    meta["name"],
-                    objects.spec_patch(src_ds, objects.original_spec(backup)),
-                    why="restore the source DaemonSet from the snapshot",
-                )
-            )
-            return False
-        if src_cm is not None and (src_cm.get("data") or {}) != objects.original_config_data(
-            backup
+        if src_ds is not None and not self._restore_source_spec(
+            src_ds, backup, "restore the source DaemonSet from the snapshot"
         ):
+            return False
+        original_data = objects.original_config_data(backup)
+        if src_cm is not None and (src_cm.get("data") or {}) != original_data:
             meta = src_cm["metadata"]
             self.actions.append(
                 PatchObject(
@@ -910,7 +923,7 @@ class _Machine:
                     "ConfigMap",
                     meta["namespace"],
                     meta["name"],
-                    objects.data_patch(src_cm, objects.original_config_data(backup)),
+                    objects.data_patch(src_cm, original_data),
                     why="restore the source ConfigMap from the snapshot",
                 )
             )
@@ -991,26 +1004,11 @@ class _Machine:
             self.requeue = 1  # the next look tidies up the snapshot
 
     def _restore_for_finalize(self, backup: Mapping[str, str], src_ds: Object) -> bool:
-        for obj, kind, api in (
-            (self.obs.target_daemon_set, "DaemonSet", "apps/v1"),
-            (self.obs.target_config_map, "ConfigMap", "v1"),
+        if not self._delete_target_pair():
+            return False
+        if not self._restore_source_spec(
+            src_ds, backup, "restore the source DaemonSet's own affinity and update strategy"
         ):
-            if obj is not None:
-                meta = obj["metadata"]
-                self.actions.append(DeleteObject(api, kind, meta["namespace"], meta["name"]))
-                return False
-        if src_ds["spec"] != objects.original_spec(backup):
-            meta = src_ds["metadata"]
-            self.actions.append(
-                PatchObject(
-                    "apps/v1",
-                    "DaemonSet",
-                    meta["namespace"],
-                    meta["name"],
-                    objects.spec_patch(src_ds, objects.original_spec(backup)),
-                    why="restore the source DaemonSet's own affinity and update strategy",
-                )
-            )
             self.status.message = "restoring the source DaemonSet: one rolling restart follows"
             return False
         if not _rolled_out(src_ds):
