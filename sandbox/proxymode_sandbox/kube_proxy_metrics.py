@@ -52,7 +52,7 @@ NETPROG_BUCKETS = (
 SYNC_MEDIAN = {"iptables": 0.12, "ipvs": 0.08, "nftables": 0.03}
 SLOW_SYNC_MEDIAN = 2.5
 NETPROG_MEDIAN = {"iptables": 1.2, "ipvs": 1.0, "nftables": 0.6}
-WARMUP_SECONDS = 20.0  # a fresh kube-proxy's first syncs are slow
+WARMUP_SECONDS = 10.0  # a fresh kube-proxy's first syncs are slow, this long
 CONNTRACK_LIMIT = 131072
 FAILURE_COUNTERS = {
     "iptables": "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",

@@ -8,11 +8,10 @@ Tests that change shared objects (node labels, kube-system) undo what they chang
 from __future__ import annotations
 
 import os
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 import yaml
@@ -21,6 +20,14 @@ from kubernetes.client.exceptions import ApiException
 
 from proxymode_sandbox import Sandbox, SandboxConfig
 from proxymode_sandbox.process import log_tail
+from tests.sandbox.harness import (
+    KubeProxy,
+    Policies,
+    Sampler,
+    eventually,
+    install_kube_proxy,
+    pods_by_node,
+)
 
 pytestmark = pytest.mark.sandbox
 T = TypeVar("T")
@@ -100,38 +107,29 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
         core.delete_namespace(name)
 
 
-def eventually(
-    probe: Callable[[], T | None],
-    *,
-    timeout: float = 60.0,
-    interval: float = 0.25,
-    what: str = "condition",
-) -> T:
-    """Call ``probe`` until it returns a truthy value (returned) or raises no more.
-
-    Exceptions count as "not yet" until the deadline, then the last one is re-raised
-    with ``what`` so a failure says what was awaited.
-    """
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while True:
-        try:
-            value = probe()
-            if value:
-                return value
-            last = None
-        except Exception as e:
-            last = e
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}") from last
-        time.sleep(interval)
+@pytest.fixture
+def policies(api: client.ApiClient, operator: Sandbox) -> Iterator[Policies]:
+    made = Policies(api)
+    try:
+        yield made
+    finally:
+        made.delete_all()
 
 
-def pods_by_node(core: client.CoreV1Api, namespace: str, selector: str) -> dict[str, Any]:
-    """Live (not terminating) pods matching ``selector``, keyed by node name."""
-    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
-    return {
-        p.spec.node_name: p
-        for p in pods
-        if p.metadata.deletion_timestamp is None and p.spec.node_name
-    }
+@pytest.fixture
+def proxy(api: client.ApiClient, namespace: str) -> KubeProxy:
+    return install_kube_proxy(api, namespace)
+
+
+@pytest.fixture
+def sampler(api: client.ApiClient, proxy: KubeProxy) -> Iterator[Sampler]:
+    s = Sampler(api, proxy.namespace, budget=1)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+    assert s.violations == [], s.violations[:5]
+
+
+__all__ = ["eventually", "pods_by_node"]

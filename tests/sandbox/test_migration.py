@@ -9,256 +9,28 @@ proxies than maxUnavailable allows.
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import json
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
-import pytest
-import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from proxymode.api import models
 from proxymode.engine.observed import MODE_LABEL
-from proxymode_sandbox import Sandbox, kubeadm_proxy
+from proxymode_sandbox import Sandbox
 from tests.sandbox.conftest import eventually
-
-G, V, P = models.GROUP, models.VERSION, models.PLURAL
-NOT_LEGACY = {
-    "nodeAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [
-                {"matchExpressions": [{"key": "pool", "operator": "NotIn", "values": ["legacy"]}]}
-            ]
-        }
-    }
-}
-STAGES = [
-    {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}, "bakeSeconds": 2},
-    {"name": "half", "percent": 50, "bakeSeconds": 2},
-    {"name": "all", "percent": 100, "bakeSeconds": 2},
-]
-
-
-@dataclass
-class KubeProxy:
-    """A kubeadm-shaped kube-proxy in a test namespace, and its state before the test."""
-
-    namespace: str
-    nodes: list[str]
-    ds_spec: dict[str, Any] = field(default_factory=dict)
-    cm_data: dict[str, str] = field(default_factory=dict)
-
-
-def install_kube_proxy(
-    api: client.ApiClient, namespace: str, *, include_legacy: bool = False, mode: str = "iptables"
-) -> KubeProxy:
-    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
-    objs = {
-        o["kind"]: copy.deepcopy(o)
-        for o in kubeadm_proxy.manifests("https://127.0.0.1:1", "v1.37.2", mode)
-    }
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "kube-proxy"}})
-    cm = objs["ConfigMap"]
-    cm["metadata"]["namespace"] = namespace
-    core.create_namespaced_config_map(namespace, cm)
-    ds = objs["DaemonSet"]
-    ds["metadata"]["namespace"] = namespace
-    if not include_legacy:
-        ds["spec"]["template"]["spec"]["affinity"] = NOT_LEGACY
-    apps.create_namespaced_daemon_set(namespace, ds)
-    nodes = sorted(
-        n.metadata.name
-        for n in core.list_node().items
-        if include_legacy or n.metadata.labels.get("pool") != "legacy"
-    )
-    eventually(
-        lambda: (
-            (d := apps.read_namespaced_daemon_set("kube-proxy", namespace).status)
-            and d.number_ready == len(nodes) == d.desired_number_scheduled
-        ),
-        what="the test kube-proxy to be Ready on every node",
-    )
-    proxy = KubeProxy(namespace, nodes)
-    proxy.ds_spec = raw(apps.read_namespaced_daemon_set, "kube-proxy", namespace)["spec"]
-    proxy.cm_data = core.read_namespaced_config_map("kube-proxy", namespace).data
-    return proxy
-
-
-def raw(call: Callable[..., Any], *args: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(call(*args, _preload_content=False).data)
-    return data
-
-
-class Sampler(threading.Thread):
-    """Checks the invariants against the API while a migration runs."""
-
-    def __init__(self, api: client.ApiClient, namespace: str, budget: int) -> None:
-        super().__init__(daemon=True)
-        self.core = client.CoreV1Api(api)
-        self.batch = client.BatchV1Api(api)
-        self.namespace = namespace
-        self.budget = budget
-        self.halt = threading.Event()
-        self.violations: list[str] = []
-        self.samples = 0
-        self.jobs: dict[str, str] = {}  # job name -> node
-        self.max_switching = 0
-        self.on_pod: Callable[[client.V1Pod], None] | None = None
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            with contextlib.suppress(ApiException):
-                self.sample()
-            self.halt.wait(0.3)
-
-    def sample(self) -> None:
-        pods = self.core.list_namespaced_pod(
-            self.namespace, label_selector="k8s-app=kube-proxy"
-        ).items
-        per_node: dict[str, list[str]] = {}
-        for pod in pods:
-            if pod.spec.node_name:
-                per_node.setdefault(pod.spec.node_name, []).append(pod.metadata.name)
-            if self.on_pod:
-                self.on_pod(pod)
-        for node, names in per_node.items():
-            if len(names) > 1:
-                self.violations.append(f"two kube-proxies on {node}: {names}")
-        switching = [
-            n.metadata.name
-            for n in self.core.list_node().items
-            if (n.metadata.labels or {}).get(MODE_LABEL) == "switching"
-        ]
-        self.max_switching = max(self.max_switching, len(switching))
-        if len(switching) > self.budget:
-            self.violations.append(f"{len(switching)} nodes switching at once: {switching}")
-        for job in self.batch.list_namespaced_job(self.namespace).items:
-            self.jobs[job.metadata.name] = (job.metadata.labels or {}).get("proxymode.io/node", "")
-        self.samples += 1
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(timeout=5)
-
-
-class Policies:
-    """Creates policies for a test and deletes (rolls back) them afterwards."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.custom = client.CustomObjectsApi(api)
-        self.names: list[str] = []
-
-    def create(self, namespace: str, **spec: Any) -> str:
-        name = f"pmp-{uuid.uuid4().hex[:8]}"
-        body = {
-            "apiVersion": f"{G}/{V}",
-            "kind": models.KIND,
-            "metadata": {"name": name},
-            "spec": {
-                "targetMode": "nftables",
-                "kubeProxy": {"namespace": namespace},
-                "stages": STAGES,
-                "readyTimeoutSeconds": 60,
-                **spec,
-            },
-        }
-        self.custom.create_cluster_custom_object(G, V, P, body)
-        self.names.append(name)
-        return name
-
-    def get(self, name: str) -> dict[str, Any]:
-        body: dict[str, Any] = self.custom.get_cluster_custom_object(G, V, P, name)
-        return body
-
-    def status(self, name: str) -> dict[str, Any]:
-        return dict(self.get(name).get("status") or {})
-
-    def wait_phase(self, name: str, *phases: str, timeout: float = 180) -> dict[str, Any]:
-        return eventually(
-            lambda: (st := self.status(name)).get("phase") in phases and st,
-            timeout=timeout,
-            interval=0.5,
-            what=f"policy {name} to reach {phases} (now {self.status(name).get('phase')}:"
-            f" {self.status(name).get('message')})",
-        )
-
-    def act(self, name: str, action: str) -> None:
-        patch = {"metadata": {"annotations": {"proxymode.io/action": action}}}
-        self.custom.patch_cluster_custom_object(G, V, P, name, patch)
-
-    def delete_all(self) -> None:
-        for name in self.names:
-            try:
-                self.custom.delete_cluster_custom_object(G, V, P, name)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-        for name in self.names:
-            eventually(lambda n=name: not self._exists(n), timeout=180, what=f"{name} to go")
-
-    def _exists(self, name: str) -> bool:
-        try:
-            self.get(name)
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
-        return True
-
-
-@pytest.fixture
-def policies(api: client.ApiClient, operator: Sandbox) -> Iterator[Policies]:
-    made = Policies(api)
-    try:
-        yield made
-    finally:
-        made.delete_all()
-
-
-@pytest.fixture
-def proxy(api: client.ApiClient, namespace: str) -> KubeProxy:
-    return install_kube_proxy(api, namespace)
-
-
-@pytest.fixture
-def sampler(api: client.ApiClient, proxy: KubeProxy) -> Iterator[Sampler]:
-    s = Sampler(api, proxy.namespace, budget=1)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
-    assert s.violations == [], s.violations[:5]
-
-
-def node_modes(core: client.CoreV1Api) -> dict[str, str | None]:
-    return {
-        n.metadata.name: (n.metadata.labels or {}).get(MODE_LABEL) for n in core.list_node().items
-    }
-
-
-def assert_restored(api: client.ApiClient, proxy: KubeProxy) -> None:
-    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
-    assert (
-        raw(apps.read_namespaced_daemon_set, "kube-proxy", proxy.namespace)["spec"] == proxy.ds_spec
-    )
-    assert core.read_namespaced_config_map("kube-proxy", proxy.namespace).data == proxy.cm_data
-    assert all(v is None for v in node_modes(core).values())
-    names = [d.metadata.name for d in apps.list_namespaced_daemon_set(proxy.namespace).items]
-    assert names == ["kube-proxy"], "the target DaemonSet is gone"
-
-
-def mode_of(core: client.CoreV1Api, namespace: str) -> str:
-    conf = core.read_namespaced_config_map("kube-proxy", namespace).data["config.conf"]
-    return str(yaml.safe_load(conf)["mode"])
-
+from tests.sandbox.harness import (
+    NOT_LEGACY,
+    STAGES,
+    G,
+    KubeProxy,
+    P,
+    Policies,
+    Sampler,
+    V,
+    assert_restored,
+    install_kube_proxy,
+    mode_of,
+    node_modes,
+    raw,
+)
 
 # -- (a) ----------------------------------------------------------------------------------
 

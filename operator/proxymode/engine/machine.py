@@ -655,6 +655,7 @@ class _Machine:
         analysis = self.spec.analysis
         if analysis is None:
             return "ok"
+        self.requeue = min(self.requeue, float(analysis.interval_seconds))
         status = self.status.analysis or AnalysisStatus()
         self.status.analysis = status
         round_ = self.obs.analysis
@@ -676,6 +677,11 @@ class _Machine:
             ]
             if (round_.time - warm_from).total_seconds() >= analysis.warmup_seconds:
                 self._count_round(status, [c.verdict for c in round_.checks])
+                # Kept from the first counted round (past warm-up), for the last stage,
+                # when no node is left on the source mode to compare with.
+                baseline = self.status.baseline
+                if baseline is not None and round_.baseline_values and not baseline.metrics:
+                    baseline.metrics = dict(round_.baseline_values)
         if status.consecutive_failures >= analysis.failure_limit:
             failing = [c.name for c in status.checks if c.verdict == Verdict.FAIL]
             self._breach(

@@ -105,6 +105,9 @@ class AnalysisRound:
 
     time: datetime
     checks: tuple[CheckOutcome, ...] = ()
+    baseline_values: Mapping[str, float] = field(default_factory=dict)
+    """Each check's baseline-group value this round; the engine keeps the first ones seen,
+    for the last stage, when no baseline group is left."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +21,7 @@ from proxymode.api import models
 from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.engine.actions import EmitEvent
 from proxymode.engine.machine import advance
+from proxymode.kube import rounds
 from proxymode.kube.execute import Executor
 from proxymode.kube.observe import Observer
 
@@ -73,7 +74,10 @@ class Reconciler:
             self._store(name, {"phase": Phase.FAILED.value, "message": message})
             return Outcome(requeue_seconds=60, release_finalizer=deleting, phase=Phase.FAILED)
         deleting = deleting or bool(body["metadata"].get("deletionTimestamp"))
-        observed = self.observer.observe(policy, deleting=deleting, now=datetime.now(UTC))
+        now = datetime.now(UTC)
+        observed = self.observer.observe(policy, deleting=deleting, now=now)
+        if not deleting and rounds.round_due(policy, now):
+            observed = replace(observed, analysis=rounds.run_round(self.api, policy, observed, now))
         decision = advance(policy, observed)
         executor = Executor(self.api, name, lambda event: self.events(body, event))
         executor.run(decision.actions)

@@ -1,0 +1,193 @@
+"""Analysis rounds: ask Prometheus about the canary and baseline groups, judge each check.
+
+One round sends, for each check, one query for the canary group and (when the check
+compares against a baseline) one for the baseline group, by POST so that a group of
+thousands of nodes fits; per-node queries only for ``mannWhitney``. What Prometheus says
+(or that it could not be reached) becomes a ``Sample``; the pure judge turns samples into
+verdicts; the engine counts them.
+
+Groups (DESIGN §5): the canary is every planned node that runs the target mode now; the
+baseline is every planned node still on the source mode. At the last stage there is no
+baseline group left, so the engine keeps the baseline values of the first round it saw
+(``status.baseline.metrics``) and those stand in.
+
+Credentials come from Secrets in the operator's own namespace (``POD_NAMESPACE``).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import requests
+from kubernetes import client
+from prometheus_api_client import PrometheusConnect
+
+from proxymode.analysis import Sample, group_query, judge, per_node_query
+from proxymode.api.models import Analysis, Check, Phase, ProxyModePolicy, SecretKeyRef, StagePhase
+from proxymode.engine.observed import AnalysisRound, CheckOutcome, Observed
+
+OPERATOR_NAMESPACE_ENV = "POD_NAMESPACE"
+
+
+def round_due(policy: ProxyModePolicy, now: datetime) -> bool:
+    """A round is due while the current stage bakes, every ``intervalSeconds``."""
+    analysis, status = policy.spec.analysis, policy.status
+    if analysis is None or status.phase not in (Phase.PROGRESSING, Phase.ANALYZING):
+        return False
+    index = status.current_stage
+    if index is None or not (0 <= index < len(status.stages)):
+        return False
+    if status.stages[index].phase != StagePhase.BAKING:
+        return False
+    last = status.analysis.last_round_time if status.analysis else None
+    return last is None or (now - last).total_seconds() >= analysis.interval_seconds
+
+
+def groups(policy: ProxyModePolicy, observed: Observed) -> tuple[list[str], list[str]]:
+    """(canary, baseline): planned nodes on the target mode, and those still on the source."""
+    mode = str(policy.spec.target_mode)
+    planned = [n for s in policy.status.stages for n in s.nodes]
+    canary, baseline = [], []
+    for name in planned:
+        node = observed.node(name)
+        if node is None:
+            continue
+        if node.mode_label == mode:
+            canary.append(name)
+        elif node.mode_label is None:
+            baseline.append(name)
+    return canary, baseline
+
+
+class Prometheus:
+    """A Prometheus client for one policy's ``analysis.prometheus`` settings."""
+
+    def __init__(self, api: client.ApiClient, analysis: Analysis) -> None:
+        source = analysis.prometheus
+        namespace = os.environ.get(OPERATOR_NAMESPACE_ENV, "proxymode-system")
+        self.core = client.CoreV1Api(api)
+        headers: dict[str, str] = {}
+        session = requests.Session()
+        auth = None
+        if source.bearer_token is not None:
+            headers["Authorization"] = f"Bearer {self._secret(namespace, source.bearer_token)}"
+        if source.basic_auth is not None:
+            auth = (
+                self._secret(namespace, source.basic_auth.username),
+                self._secret(namespace, source.basic_auth.password),
+            )
+        if source.ca is not None:
+            bundle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the session
+                "w", suffix=".pem", delete=False
+            )
+            bundle.write(self._secret(namespace, source.ca))
+            bundle.close()
+            session.verify = bundle.name
+        self.timeout = source.timeout_seconds
+        self.connection = PrometheusConnect(
+            url=source.url,
+            headers=headers or None,
+            disable_ssl=source.insecure_skip_verify,
+            auth=auth,
+            session=session,
+            method="POST",
+            timeout=source.timeout_seconds,
+        )
+
+    def _secret(self, namespace: str, ref: SecretKeyRef) -> str:
+        secret = self.core.read_namespaced_secret(ref.name, namespace)
+        data = (secret.data or {}).get(ref.key)
+        if data is None:
+            raise KeyError(f"secret {namespace}/{ref.name} has no key {ref.key!r}")
+        return base64.b64decode(data).decode().strip()
+
+    def values(self, query: str) -> list[tuple[dict[str, str], float]]:
+        result: list[dict[str, Any]] = self.connection.custom_query(query, timeout=self.timeout)
+        return [(dict(r.get("metric") or {}), float(r["value"][1])) for r in result]
+
+
+def _single(rows: list[tuple[dict[str, str], float]]) -> float | None:
+    values = [v for _, v in rows if not math.isnan(v)]
+    return values[0] if len(values) == 1 else (max(values) if values else None)
+
+
+def measure(
+    prom: Prometheus,
+    check: Check,
+    analysis: Analysis,
+    *,
+    canary: Sequence[str],
+    baseline: Sequence[str],
+    recorded_baseline: float | None,
+) -> Sample:
+    """Query one check for both groups; any failure makes an Inconclusive sample, never a pass."""
+    label, window = analysis.prometheus.node_label, analysis.window_seconds
+    needs_baseline = check.max_ratio_to_baseline is not None or check.mann_whitney is not None
+    try:
+        canary_value = _single(
+            prom.values(group_query(check, nodes=canary, node_label=label, window_seconds=window))
+        )
+        baseline_value = recorded_baseline
+        if baseline and needs_baseline:
+            baseline_value = _single(
+                prom.values(
+                    group_query(check, nodes=baseline, node_label=label, window_seconds=window)
+                )
+            )
+        canary_nodes: tuple[float, ...] = ()
+        baseline_nodes: tuple[float, ...] = ()
+        if check.mann_whitney is not None and baseline:
+            canary_nodes = tuple(
+                v
+                for _, v in prom.values(
+                    per_node_query(check, nodes=canary, node_label=label, window_seconds=window)
+                )
+            )
+            baseline_nodes = tuple(
+                v
+                for _, v in prom.values(
+                    per_node_query(check, nodes=baseline, node_label=label, window_seconds=window)
+                )
+            )
+    except Exception as e:  # unreachable, refused, timed out: no data, not a verdict
+        return Sample(canary=None, error=f"Prometheus: {type(e).__name__}: {e}"[:300])
+    return Sample(canary_value, baseline_value, canary_nodes, baseline_nodes)
+
+
+def run_round(
+    api: client.ApiClient, policy: ProxyModePolicy, observed: Observed, now: datetime
+) -> AnalysisRound:
+    """Measure and judge every check once; the round the engine counts."""
+    analysis = policy.spec.analysis
+    assert analysis is not None
+    canary, baseline = groups(policy, observed)
+    recorded = policy.status.baseline.metrics if policy.status.baseline else {}
+    outcomes: list[CheckOutcome] = []
+    baseline_values: dict[str, float] = {}
+    try:
+        prom: Prometheus | None = Prometheus(api, analysis)
+        setup_error = ""
+    except Exception as e:  # a missing Secret: every check is inconclusive, and says why
+        prom, setup_error = None, f"cannot reach Prometheus: {e}"
+    for check in analysis.checks:
+        if prom is None or not canary:
+            sample = Sample(canary=None, error=setup_error or "no canary node runs the target mode")
+        else:
+            sample = measure(
+                prom,
+                check,
+                analysis,
+                canary=canary,
+                baseline=baseline,
+                recorded_baseline=recorded.get(check.name),
+            )
+            if baseline and sample.baseline is not None:
+                baseline_values[check.name] = sample.baseline
+        outcomes.append(judge(check, sample))
+    return AnalysisRound(time=now, checks=tuple(outcomes), baseline_values=baseline_values)
