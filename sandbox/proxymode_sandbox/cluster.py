@@ -428,11 +428,9 @@ class Sandbox:
 
     def _start_monitoring(self) -> None:
         """Simulated per-node kube-proxy metrics, and a real Prometheus scraping them."""
-        binary = shutil.which("prometheus")
-        if binary is None:
+        if shutil.which("prometheus") is None:
             raise SandboxError("prometheus is not installed; `make system-deps` installs it")
-        prom_dir = self.dir / "prometheus"
-        targets = prom_dir / "targets"
+        targets = self.dir / "prometheus" / "targets"
         targets.mkdir(parents=True, exist_ok=True)
         metrics = self._start(
             "kube-proxy-metrics",
@@ -449,7 +447,14 @@ class Sandbox:
             lambda: None if (targets / "kube-proxy.json").exists() else "no targets yet",
         )
         self._check_alive(metrics)
-        port = process.free_port()
+        self._start_prometheus(process.free_port())
+
+    def _start_prometheus(self, port: int) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise SandboxError("prometheus is not installed; `make system-deps` installs it")
+        prom_dir = self.dir / "prometheus"
+        targets = prom_dir / "targets"
         config = {
             "global": {
                 "scrape_interval": "2s",
@@ -482,6 +487,21 @@ class Sandbox:
         self._wait_http(record, f"{url}/-/ready", "prometheus")
         self._state["prometheus"] = url
         self._save_state()
+
+    def stop_prometheus(self) -> None:
+        """Stop the sandbox's Prometheus, as an outage would (``start_prometheus`` ends it)."""
+        for record in self._records():
+            if record.name == "prometheus" and process.alive(record, self.marker):
+                process.stop_pids([record.pid])
+        self._state["processes"] = [
+            p for p in self._state.get("processes", []) if p["name"] != "prometheus"
+        ]
+        self._save_state()
+
+    def start_prometheus(self) -> None:
+        """Start Prometheus again on the same address, with the data it had."""
+        port = int(self.prometheus_url.rsplit(":", 1)[1])
+        self._start_prometheus(port)
 
     # -- waiting --
 

@@ -97,3 +97,63 @@ def test_slow_sync_on_a_canary_rolls_back_within_the_failure_limit(
         f" (failureLimit {FAILURE_LIMIT} x interval {INTERVAL}s + {INTERVAL}s)"
     )
     policies.wait_phase(name, "RolledBack", timeout=120)
+
+
+@pytest.mark.usefixtures("sampler")
+def test_prometheus_down_mid_stage_holds_then_resumes(
+    sandbox: Sandbox, proxy: KubeProxy, policies: Policies
+) -> None:
+    slow = [{**STAGES[0], "bakeSeconds": 40}, *STAGES[1:]]
+    spec = analysis(sandbox, inconclusiveLimit=2, onNoData="Pause")
+    name = policies.create(proxy.namespace, stages=slow, analysis=spec)
+    eventually(
+        lambda: (policies.status(name).get("analysis") or {}).get("rounds", 0) >= 1,
+        timeout=180,
+        interval=0.5,
+        what="a first counted round",
+    )
+    sandbox.stop_prometheus()
+    try:
+        status = policies.wait_phase(name, "Paused", "Completed", "RolledBack", timeout=90)
+        assert status["phase"] == "Paused" and status["pausedReason"] == "NoData"
+        assert status["currentStage"] == 0, "never promoted on no data"
+        inconclusive = [c for c in status["analysis"]["checks"] if c["verdict"] == "Inconclusive"]
+        assert inconclusive and "Prometheus" in inconclusive[0]["message"]
+    finally:
+        sandbox.start_prometheus()
+    status = policies.wait_phase(name, "Completed", "RolledBack", "Failed", timeout=300)
+    assert status["phase"] == "Completed", status.get("message")
+    assert "DataReturned" in [h["reason"] for h in status["history"]] or any(
+        h["reason"] == "Resumed" for h in status["history"]
+    )
+
+
+@pytest.mark.usefixtures("sampler")
+@pytest.mark.parametrize(
+    ("fault", "on_no_data", "reason", "check"),
+    [
+        ("conntrack-high", "Pause", "AnalysisFailed", "conntrack"),
+        ("no-metrics", "Rollback", "NoData", ""),
+    ],
+)
+def test_a_faulty_canary_rolls_back(
+    sandbox: Sandbox,
+    core: client.CoreV1Api,
+    proxy: KubeProxy,
+    policies: Policies,
+    faults: dict[str, str],
+    fault: str,
+    on_no_data: str,
+    reason: str,
+    check: str,
+) -> None:
+    faults["canary-2"] = fault
+    core.patch_node("canary-2", {"metadata": {"annotations": {FAULT_ANNOTATION: fault}}})
+    spec = analysis(sandbox, inconclusiveLimit=2, onNoData=on_no_data)
+    name = policies.create(proxy.namespace, analysis=spec)
+    status = policies.wait_phase(name, "RolledBack", "Completed", "Paused", "Failed", timeout=240)
+    assert status["phase"] == "RolledBack", status.get("message")
+    assert status["rollbackReason"].startswith(reason), status["rollbackReason"]
+    if check:
+        assert check in status["rollbackReason"]
+    assert status["stages"][0]["phase"] == "RolledBack"

@@ -798,7 +798,28 @@ class _Machine:
             self._resume()
             self._dispatch()
             return
+        if self.status.paused_reason == "NoData" and self._data_returned():
+            self._event("DataReturned", "the metric checks answer again; resuming")
+            self._resume()
+            self._dispatch()
+            return
         self.requeue = 2 if self.status.moves else 30
+        if self.status.paused_reason == "NoData" and self.spec.analysis is not None:
+            self.requeue = min(self.requeue, float(self.spec.analysis.interval_seconds))
+
+    def _data_returned(self) -> bool:
+        """A fresh round in which every check measured something (pass or fail)."""
+        round_ = self.obs.analysis
+        status = self.status.analysis
+        if round_ is None or status is None or not round_.checks:
+            return False
+        if status.last_round_time is not None and round_.time <= status.last_round_time:
+            return False
+        if any(c.verdict == Verdict.INCONCLUSIVE for c in round_.checks):
+            status.last_round_time = round_.time
+            return False
+        status.consecutive_inconclusive = 0
+        return True
 
     def _adopt_new_plan(self) -> None:
         """Resume after a plan change: started stages keep their nodes, the rest re-plan."""

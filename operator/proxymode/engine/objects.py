@@ -53,8 +53,14 @@ def owner_reference(policy: str, uid: str) -> dict[str, Any]:
     }
 
 
+# Labels a GitOps tool uses to claim an object: copied onto the target objects they would
+# make Argo CD (label tracking) or Helm treat them as theirs, and prune them mid-migration.
+_TRACKING_LABELS = ("app.kubernetes.io/instance", "argocd.argoproj.io/instance", "helm.sh/chart")
+
+
 def _labels(policy: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    return {**(extra or {}), "app.kubernetes.io/managed-by": MANAGED_BY, POLICY_LABEL: policy}
+    kept = {k: v for k, v in (extra or {}).items() if k not in _TRACKING_LABELS}
+    return {**kept, "app.kubernetes.io/managed-by": MANAGED_BY, POLICY_LABEL: policy}
 
 
 def _clean_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:

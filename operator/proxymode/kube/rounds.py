@@ -28,7 +28,7 @@ import requests
 from kubernetes import client
 from prometheus_api_client import PrometheusConnect
 
-from proxymode.analysis import Sample, group_query, judge, per_node_query
+from proxymode.analysis import Sample, group_query, judge, node_matcher, per_node_query
 from proxymode.api.models import Analysis, Check, Phase, ProxyModePolicy, SecretKeyRef, StagePhase
 from proxymode.engine.observed import AnalysisRound, CheckOutcome, Observed
 
@@ -36,9 +36,12 @@ OPERATOR_NAMESPACE_ENV = "POD_NAMESPACE"
 
 
 def round_due(policy: ProxyModePolicy, now: datetime) -> bool:
-    """A round is due while the current stage bakes, every ``intervalSeconds``."""
+    """A round is due while the current stage bakes (or waits for data), every interval."""
     analysis, status = policy.spec.analysis, policy.status
-    if analysis is None or status.phase not in (Phase.PROGRESSING, Phase.ANALYZING):
+    waiting_for_data = status.phase == Phase.PAUSED and status.paused_reason == "NoData"
+    if analysis is None or (
+        status.phase not in (Phase.PROGRESSING, Phase.ANALYZING) and not waiting_for_data
+    ):
         return False
     index = status.current_stage
     if index is None or not (0 <= index < len(status.stages)):
@@ -160,6 +163,20 @@ def measure(
     return Sample(canary_value, baseline_value, canary_nodes, baseline_nodes)
 
 
+COVERAGE_METRIC = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
+
+
+def _silent_nodes(prom: Prometheus, analysis: Analysis, nodes: Sequence[str]) -> list[str]:
+    """Canary nodes from which Prometheus has no kube-proxy series right now."""
+    label = analysis.prometheus.node_label
+    query = f"count by ({label}) ({COVERAGE_METRIC}{{{node_matcher(nodes, label)}}})"
+    try:
+        reporting = {labels.get(label, "") for labels, _ in prom.values(query)}
+    except Exception:  # Prometheus itself is unreachable: the checks will say so
+        return []
+    return sorted(set(nodes) - reporting)
+
+
 def run_round(
     api: client.ApiClient, policy: ProxyModePolicy, observed: Observed, now: datetime
 ) -> AnalysisRound:
@@ -175,9 +192,20 @@ def run_round(
         setup_error = ""
     except Exception as e:  # a missing Secret: every check is inconclusive, and says why
         prom, setup_error = None, f"cannot reach Prometheus: {e}"
+    silent = _silent_nodes(prom, analysis, canary) if prom is not None and canary else []
     for check in analysis.checks:
         if prom is None or not canary:
             sample = Sample(canary=None, error=setup_error or "no canary node runs the target mode")
+        elif silent:
+            # A group value from the nodes that do report would hide the ones that do not.
+            shown = ", ".join(silent[:5]) + (
+                f" and {len(silent) - 5} more" if len(silent) > 5 else ""
+            )
+            sample = Sample(
+                canary=None,
+                error=f"no kube-proxy metrics from {shown} ({len(silent)} of {len(canary)}"
+                " canary nodes)",
+            )
         else:
             sample = measure(
                 prom,

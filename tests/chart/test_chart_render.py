@@ -1,0 +1,431 @@
+"""The chart, rendered: lint, schema, and what the objects must (and must not) say.
+
+No cluster here: ``helm lint --strict`` and ``helm template`` with every values set in
+charts/proxymode-operator/ci/, then assertions on the parsed objects.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from proxymode.api import crd
+from tests.chart.conftest import (
+    CHART,
+    CI_VALUES,
+    RELEASE,
+    by_kind,
+    helm_template,
+    one,
+    render,
+    run,
+)
+
+EXPECTED_CI = {"default", "crds-off", "monitoring-on", "networkpolicy-on", "peering-on"}
+
+
+def test_every_ci_values_set_exists() -> None:
+    assert {p.name.removesuffix("-values.yaml") for p in CI_VALUES} == EXPECTED_CI
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: v.stem if v else "no-values")
+def test_helm_lint_strict(bins: Path, values: Path | None) -> None:
+    argv: list[Any] = [bins / "helm", "lint", "--strict", CHART, "--kube-version", "1.37.2"]
+    if values:
+        argv += ["--values", values]
+    result = run(argv)
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("replicaCount=two", "replicaCount"),
+        ("replicaCount=2", "replicaCount"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("liveness.port=0", "port"),
+        ("monitoring.prometheusRule.conntrackHigh.ratio=1.5", "ratio"),
+        ("monitoring.prometheusRule.syncSlow.for=fifteen", "for"),
+        ("typoedKey=true", "typoedKey"),
+    ],
+)
+def test_schema_refuses_bad_values(bins: Path, setting: str, complaint: str) -> None:
+    flag = "--set-string" if setting.startswith("replicaCount=two") else "--set"
+    for argv in (
+        [bins / "helm", "lint", "--strict", CHART, "--kube-version", "1.37.2", flag, setting],
+        [bins / "helm", "template", RELEASE, CHART, "--kube-version", "1.37.2", flag, setting],
+    ):
+        result = run(argv, check=False)
+        assert result.returncode != 0, f"{setting} was accepted by {argv[1]}"
+        output = result.stdout + result.stderr
+        assert "schema" in output.lower(), output
+        assert complaint in output, output
+
+
+def test_chart_crd_copy_is_what_the_models_generate() -> None:
+    """files/crd.yaml must stay the generated CRD: `make crds` then copy it into the chart."""
+    copy = (CHART / "files" / "crd.yaml").read_text()
+    assert copy == crd.render(), (
+        "charts/proxymode-operator/files/crd.yaml differs from `python -m proxymode.api.crd`;"
+        " regenerate: .venv/bin/python -m proxymode.api.crd >"
+        " charts/proxymode-operator/files/crd.yaml"
+    )
+
+
+def test_rendered_crd_is_the_generated_one_plus_helm_metadata(bins: Path) -> None:
+    rendered = one(render(bins), "CustomResourceDefinition")
+    generated = yaml.safe_load(crd.render())
+    assert rendered["spec"] == generated["spec"]
+    assert rendered["metadata"]["name"] == generated["metadata"]["name"]
+    assert rendered["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert rendered["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+    unkept = one(render(bins, set_values=["crds.keep=false"]), "CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in (unkept["metadata"].get("annotations") or {})
+    assert (
+        by_kind(render(bins, set_values=["crds.enabled=false"]), "CustomResourceDefinition") == []
+    )
+
+
+def test_deployment_is_one_restricted_replica_with_kopf_liveness(bins: Path) -> None:
+    deployment = one(render(bins), "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["runAsNonRoot"] is True
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]  # noqa: S108 - a mount path, not a temp file
+    # The probe asks exactly what --liveness serves.
+    (liveness,) = [a for a in container["args"] if a.startswith("--liveness=")]
+    assert liveness == "--liveness=http://0.0.0.0:8080/healthz"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    assert ports[probe["port"]] == 8080
+    assert "readinessProbe" not in container
+    # Standalone by default: no --peering.
+    assert not [a for a in container["args"] if a.startswith("--peering")]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_liveness_flag_follows_the_values(bins: Path) -> None:
+    deployment = one(
+        render(bins, set_values=["liveness.port=9191", "liveness.path=/live"]), "Deployment"
+    )
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--liveness=http://0.0.0.0:9191/live" in container["args"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/live"
+    assert container["ports"][0]["containerPort"] == 9191
+
+
+def test_image_defaults_to_the_app_version_and_honours_a_digest(bins: Path) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    (c,) = one(render(bins), "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == f"ghcr.io/proxymode/proxymode-operator:{chart['appVersion']}"
+    digest = "sha256:" + "a" * 64
+    (c,) = one(render(bins, set_values=[f"image.digest={digest}"]), "Deployment")["spec"][
+        "template"
+    ]["spec"]["containers"]
+    assert c["image"] == f"ghcr.io/proxymode/proxymode-operator@{digest}"
+
+
+def _rules(objects: list[dict[str, Any]], kind: str = "ClusterRole") -> list[dict[str, Any]]:
+    role = [o for o in by_kind(objects, kind) if "kube-state-metrics" not in o["metadata"]["name"]]
+    assert len(role) == 1
+    rules: list[dict[str, Any]] = role[0]["rules"]
+    return rules
+
+
+def _grants(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def test_cluster_role_is_exactly_what_the_operator_uses(bins: Path) -> None:
+    rules = _rules(render(bins))
+    grants = _grants(rules)
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+        assert "*" not in rule["apiGroups"], rule
+        assert not rule.get("nonResourceURLs"), rule
+    assert not [key for key in grants if key[1] == "secrets"], "no cluster-wide secrets"
+    assert grants[("", "nodes")] == {"get", "list", "patch"}
+    assert grants == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        ("proxymode.io", "proxymodepolicies"): {"get", "list", "watch", "patch"},
+        ("proxymode.io", "proxymodepolicies/status"): {"patch"},
+        ("", "events"): {"create"},
+        ("", "nodes"): {"get", "list", "patch"},
+        ("", "pods"): {"list"},
+        ("apps", "daemonsets"): {"get", "list", "create", "patch", "delete"},
+        ("", "configmaps"): {"get", "create", "patch", "delete"},
+        ("batch", "jobs"): {"list", "create", "delete"},
+        ("", "services"): {"list"},
+        ("discovery.k8s.io", "endpointslices"): {"list"},
+    }
+
+
+def test_every_rbac_rule_is_commented() -> None:
+    text = (CHART / "templates" / "clusterrole.yaml").read_text().splitlines()
+    starts = [i for i, line in enumerate(text) if line.strip().startswith("- apiGroups:")]
+    for i in starts:
+        above = text[i - 1].strip()
+        if above.startswith("- apiGroups:") or above.startswith("verbs:"):
+            # a rule continuing the comment block of the rule before it (services, endpointslices)
+            above = text[i - 4].strip()
+        assert above.startswith("#") or above.startswith("verbs:"), text[i]
+
+
+def test_secrets_only_by_name_in_the_release_namespace(bins: Path) -> None:
+    objects = render(bins)
+    role = one(objects, "Role")
+    assert role["metadata"]["namespace"] == "proxymode-system"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+    binding = one(objects, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["namespace"] == "proxymode-system"
+
+
+def test_peering_is_opt_in_and_brings_its_own_rbac(bins: Path) -> None:
+    off = render(bins)
+    assert not [k for k in _grants(_rules(off)) if k[0] in {"kopf.dev", "zalando.org"}]
+    assert by_kind(off, "ClusterKopfPeering") == []
+    on = render(bins, CHART / "ci" / "peering-on-values.yaml")
+    assert _grants(_rules(on))[("kopf.dev", "clusterkopfpeerings")] == {"list", "watch", "patch"}
+    (container,) = one(on, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--peering=proxymode" in container["args"]
+    crds = {c["metadata"]["name"] for c in by_kind(on, "CustomResourceDefinition")}
+    assert "clusterkopfpeerings.kopf.dev" in crds
+    peering = one(on, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "proxymode"
+    assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
+    # Still exactly one replica, Recreate.
+    assert one(on, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_monitoring_objects_are_off_by_default(bins: Path) -> None:
+    kinds = {o["kind"] for o in render(bins)}
+    assert kinds == {
+        "ServiceAccount",
+        "CustomResourceDefinition",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+    }
+
+
+def test_service_monitor_labels_kube_proxy_series_by_node_mode_and_pool(bins: Path) -> None:
+    objects = render(bins, CHART / "ci" / "monitoring-on-values.yaml")
+    monitor = one(objects, "ServiceMonitor")
+    service = one(objects, "Service")
+    assert service["metadata"]["namespace"] == "kube-system"
+    assert service["spec"]["selector"] == {"k8s-app": "kube-proxy"}
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["kube-system"]}
+    labels = service["metadata"]["labels"]
+    assert all(labels[k] == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
+    assert labels[monitor["spec"]["jobLabel"]] == "kube-proxy"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    targets = {r["targetLabel"] for r in endpoint["relabelings"]}
+    assert {"instance", "node", "proxymode_mode", "pool"} <= targets
+    assert monitor["spec"]["attachMetadata"] == {"node": True}
+
+
+def test_prometheus_rule_has_the_four_seeded_alerts_and_failed(bins: Path) -> None:
+    rule = one(render(bins, CHART / "ci" / "monitoring-on-values.yaml"), "PrometheusRule")
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert alerts == {
+        "KubeProxyRuleSyncSlow",
+        "ConntrackUsageHigh",
+        "ProxyModeMigrationRolledBack",
+        "ProxyModeMigrationFailed",
+        "ProxyModeMigrationStalled",
+    }
+    for group in rule["spec"]["groups"]:
+        for r in group["rules"]:
+            assert r["labels"]["severity"] in {"warning", "critical"}
+            assert r["annotations"]["summary"] and r["annotations"]["description"]
+    only_seeds = one(
+        render(
+            bins,
+            CHART / "ci" / "monitoring-on-values.yaml",
+            set_values=[
+                "monitoring.prometheusRule.rolledBack.enabled=false",
+                "monitoring.prometheusRule.failed.enabled=false",
+                "monitoring.prometheusRule.stalled.enabled=false",
+            ],
+        ),
+        "PrometheusRule",
+    )
+    assert [g["name"] for g in only_seeds["spec"]["groups"]] == ["proxymode.kube-proxy"]
+
+
+def test_dashboard_is_valid_grafana_json_with_the_promised_panels(bins: Path) -> None:
+    cm = one(
+        [
+            o
+            for o in render(bins, CHART / "ci" / "monitoring-on-values.yaml")
+            if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")
+        ],
+        "ConfigMap",
+    )
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["proxymode.json"])
+    titles = {p["title"] for p in dashboard["panels"]}
+    assert {
+        "Sync latency p99 by mode",
+        "Sync latency p99 by pool",
+        "Conntrack usage by node",
+        "Nodes moved per stage",
+        "Policy phase",
+    } <= titles
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
+    assert "by (proxymode_mode, le)" in exprs and "by (pool, le)" in exprs
+    assert "node_nf_conntrack_entries_limit" in exprs
+    assert "kube_customresource_proxymodepolicy_stage_nodes_done" in exprs
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_kube_state_metrics_config_matches_the_status_fields(bins: Path) -> None:
+    objects = render(bins, CHART / "ci" / "monitoring-on-values.yaml")
+    (cm,) = [
+        o
+        for o in by_kind(objects, "ConfigMap")
+        if o["metadata"]["name"].endswith("-kube-state-metrics")
+    ]
+    config = yaml.safe_load(cm["data"]["proxymodepolicy.yaml"])
+    (resource,) = config["spec"]["resources"]
+    assert resource["groupVersionKind"] == {
+        "group": "proxymode.io",
+        "version": "v1alpha1",
+        "kind": "ProxyModePolicy",
+    }
+    from proxymode.api.models import Phase, PolicyStatus, StageStatus  # noqa: PLC0415
+
+    metrics = {m["name"]: m["each"] for m in resource["metrics"]}
+    assert metrics["proxymodepolicy_phase"]["stateSet"]["list"] == [p.value for p in Phase]
+    status_fields = set(PolicyStatus.model_json_schema(by_alias=True)["properties"])
+    stage_fields = set(StageStatus.model_json_schema(by_alias=True)["properties"])
+    assert metrics["proxymodepolicy_current_stage"]["gauge"]["path"][1] in status_fields
+    assert metrics["proxymodepolicy_stage_nodes_done"]["gauge"]["valueFrom"][0] in stage_fields
+    assert metrics["proxymodepolicy_stage_nodes_done"]["gauge"]["path"][1] in status_fields
+    role = [
+        o
+        for o in by_kind(objects, "ClusterRole")
+        if o["metadata"]["name"].endswith("-kube-state-metrics")
+    ]
+    assert role[0]["rules"] == [
+        {
+            "apiGroups": ["proxymode.io"],
+            "resources": ["proxymodepolicies"],
+            "verbs": ["list", "watch"],
+        }
+    ]
+
+
+def test_network_policy_allows_only_dns_api_server_and_prometheus(bins: Path) -> None:
+    policy = one(render(bins, CHART / "ci" / "networkpolicy-on-values.yaml"), "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["ingress"] == []
+    ports = [sorted(p["port"] for p in rule["ports"]) for rule in spec["egress"]]
+    assert ports == [[53, 53], [443, 6443], [9090]]
+    assert [b["ipBlock"]["cidr"] for b in spec["egress"][1]["to"]] == [
+        "10.0.0.0/8",
+        "192.168.0.0/16",
+    ]
+    deployment = one(render(bins), "Deployment")
+    assert spec["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def _documented_paths(lines: list[str]) -> set[tuple[str, ...]]:
+    """Key paths in values.yaml whose line has a `# --` comment block right above it."""
+    documented: set[tuple[str, ...]] = set()
+    stack: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "-")) or ":" not in stripped:
+            continue
+        indent = len(line) - len(line.lstrip())
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, stripped.split(":", 1)[0].strip('"')))
+        j = i - 1
+        while (
+            j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# --")
+        ):
+            j -= 1
+        if j >= 0 and lines[j].strip().startswith("# --"):
+            documented.add(tuple(k for _, k in stack))
+    return documented
+
+
+def _leaves(tree: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    if isinstance(tree, dict) and tree:
+        return [leaf for k, v in tree.items() for leaf in _leaves(v, (*path, str(k)))]
+    return [path]
+
+
+def test_every_value_is_documented() -> None:
+    """Every value (or the map it belongs to) has a helm-docs `# --` comment."""
+    text = (CHART / "values.yaml").read_text()
+    documented = _documented_paths(text.splitlines())
+    undocumented = [
+        ".".join(leaf)
+        for leaf in _leaves(yaml.safe_load(text))
+        if not any(leaf[:n] in documented for n in range(1, len(leaf) + 1))
+    ]
+    assert undocumented == []
+
+
+def test_values_schema_covers_every_value() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(node: dict[str, Any], tree: Any, path: str) -> None:
+        if node.get("type") != "object" or "properties" not in node:
+            return
+        assert node.get("additionalProperties") is False, f"{path or '.'}: open object"
+        for key, value in tree.items():
+            assert key in node["properties"], f"{path}.{key} is not in values.schema.json"
+            walk(node["properties"][key], value, f"{path}.{key}")
+
+    walk(schema, values, "")
+
+
+def test_no_registry_hosts_are_named() -> None:
+    text = "\n".join(
+        p.read_text()
+        for p in CHART.rglob("*")
+        if p.is_file() and p.suffix in {".yaml", ".tpl", ".json", ".txt"}
+    )
+    for host in ("pypi.org", "files.pythonhosted.org", "registry.npmjs.org", "proxy.golang.org"):
+        assert host not in text
+
+
+def test_template_fails_cleanly_without_a_service_account_name(bins: Path) -> None:
+    result = helm_template(bins, set_values=["serviceAccount.create=false"], check=False)
+    assert result.returncode != 0
+    assert "serviceAccount.name is required" in result.stderr

@@ -1,0 +1,386 @@
+"""The chart against a real API server (the sandbox): what it renders is admitted, and its
+RBAC is exactly enough for the operator.
+
+1. For every values set in ci/: the rendered CRDs are applied for real (a dry-run of a
+   custom object needs its CRD), then the whole rendering is applied with
+   ``kubectl apply --server-side --dry-run=server`` (schema, defaulting and admission run;
+   nothing is stored). ServiceMonitor and PrometheusRule are admitted through minimal
+   monitoring.coreos.com CRDs (data/monitoring-crds.yaml).
+2. The operator runs under the chart's ServiceAccount and nothing else: the chart's RBAC is
+   applied for real, a token is minted for the ServiceAccount, and the operator is started from
+   the image's virtualenv (the wheel, see test_image.py) with the Deployment's own arguments,
+   as UID 10001. It drives an iptables -> ipvs migration (cleanup Jobs included) to Completed,
+   finalizes, then handles the policy's deletion; any 403 in its log fails the test.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from proxymode.api import models
+from proxymode_sandbox import Sandbox, kubeadm_proxy
+from tests.chart.conftest import (
+    CI_VALUES,
+    DATA,
+    NAMESPACE,
+    as_image_user,
+    by_kind,
+    helm_template,
+    image_user_env,
+    one,
+    run,
+)
+
+pytestmark = pytest.mark.sandbox
+T = TypeVar("T")
+G, V, P = models.GROUP, models.VERSION, models.PLURAL
+SERVICE_ACCOUNT = "pm-proxymode-operator"
+
+
+def eventually(probe: Callable[[], T | None], *, timeout: float = 60, what: str = "it") -> T:
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while True:
+        try:
+            value = probe()
+            if value:
+                return value
+        except Exception as e:
+            last = e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}") from last
+        time.sleep(0.5)
+
+
+def kubectl(
+    box: Sandbox, bins: Path, *args: str, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    return run(
+        [bins / "kubectl", f"--kubeconfig={box.kubeconfig}", *args], input=stdin, check=check
+    )
+
+
+def apply_crds_for_real(box: Sandbox, bins: Path, objects: list[dict[str, Any]]) -> None:
+    crds = by_kind(objects, "CustomResourceDefinition")
+    if not crds:
+        return
+    kubectl(
+        box,
+        bins,
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump_all(crds),
+    )
+    for crd in crds:
+        kubectl(
+            box,
+            bins,
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            f"crd/{crd['metadata']['name']}",
+        )
+
+
+@pytest.fixture(scope="module")
+def cluster(sandbox: Sandbox, bins: Path) -> Sandbox:
+    """The sandbox with the release namespace and the monitoring CRDs in place."""
+    kubectl(sandbox, bins, "create", "namespace", NAMESPACE)
+    monitoring = list(yaml.safe_load_all((DATA / "monitoring-crds.yaml").read_text()))
+    apply_crds_for_real(sandbox, bins, monitoring)
+    return sandbox
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name.removesuffix("-values.yaml"))
+def test_rendered_chart_passes_server_side_dry_run(
+    cluster: Sandbox, bins: Path, values: Path
+) -> None:
+    rendered = helm_template(bins, values).stdout
+    objects = [o for o in yaml.safe_load_all(rendered) if o]
+    apply_crds_for_real(cluster, bins, objects)
+    result = kubectl(
+        cluster, bins, "apply", "--server-side", "--dry-run=server", "-f", "-", stdin=rendered
+    )
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(lines) == len(objects), result.stdout
+    assert all("(server dry run)" in line for line in lines), result.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _healthy(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback only
+        return bool(response.status == 200)
+
+
+@pytest.fixture
+def operator_as_service_account(
+    cluster: Sandbox, bins: Path, image_venv: Path
+) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
+    """The chart's RBAC applied for real, and the operator running under its ServiceAccount."""
+    port = _free_port()
+    objects = [
+        o
+        for o in yaml.safe_load_all(
+            helm_template(
+                bins,
+                *[v for v in CI_VALUES if v.name == "peering-on-values.yaml"],
+                set_values=[f"liveness.port={port}"],
+            ).stdout
+        )
+        if o
+    ]
+    apply_crds_for_real(cluster, bins, objects)
+    deployment = one(objects, "Deployment")
+    rest = [o for o in objects if o["kind"] not in {"CustomResourceDefinition", "Deployment"}]
+    kubectl(cluster, bins, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(rest))
+
+    token = kubectl(
+        cluster, bins, "create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=2h"
+    ).stdout.strip()
+    # Outside pytest's tmp_path: its parents are private to root, and the operator runs as the
+    # image's UID.
+    scratch = Path(tempfile.mkdtemp(prefix="proxymode-operator-"))
+    scratch.chmod(0o777)
+    kube = yaml.safe_load(cluster.kubeconfig.read_text())
+    for user in kube["users"]:
+        user["user"] = {"token": token}
+    kubeconfig = scratch / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(kube))
+    kubeconfig.chmod(0o644)
+
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    # The Deployment's own arguments; only the bind address is narrowed to loopback here, and
+    # --kubeconfig stands in for the in-cluster ServiceAccount mount.
+    args = [a.replace("//0.0.0.0:", "//127.0.0.1:") for a in container["args"]]
+    assert any(a.startswith("--peering=") for a in args)
+    argv = [str(image_venv / "bin" / "proxymode-operator"), *args, f"--kubeconfig={kubeconfig}"]
+    env = image_user_env(
+        image_venv, scratch, POD_ID="pm-proxymode-operator-test", POD_NAMESPACE=NAMESPACE
+    )
+    log = scratch / "operator.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(  # the operator exactly as the image runs it, as UID 10001
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd="/",
+            **as_image_user(image_venv),
+        )
+    try:
+        path = container["livenessProbe"]["httpGet"]["path"]
+        eventually(
+            lambda: proc.poll() is None and _healthy(f"http://127.0.0.1:{port}{path}"),
+            timeout=60,
+            what=f"kopf's liveness endpoint (log: {log.read_text()[-2000:]})",
+        )
+        yield log, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        print(f"--- operator log (last 3000 chars) ---\n{log.read_text()[-3000:]}")
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _install_kube_proxy(api: client.ApiClient, namespace: str) -> list[str]:
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    objs = {o["kind"]: o for o in kubeadm_proxy.manifests("https://127.0.0.1:1", "v1.37.2")}
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "kube-proxy"}})
+    for kind, create in (
+        ("ConfigMap", core.create_namespaced_config_map),
+        ("DaemonSet", apps.create_namespaced_daemon_set),
+    ):
+        obj = objs[kind]
+        obj["metadata"]["namespace"] = namespace
+        create(namespace, obj)
+    nodes = sorted(n.metadata.name for n in core.list_node().items)
+    eventually(
+        lambda: (
+            (d := apps.read_namespaced_daemon_set("kube-proxy", namespace).status)
+            and d.number_ready == len(nodes) == d.desired_number_scheduled
+        ),
+        what="the test kube-proxy to be Ready on every node",
+    )
+    return nodes
+
+
+def test_operator_under_chart_rbac_migrates_and_releases_with_no_forbidden(
+    cluster: Sandbox,
+    bins: Path,
+    operator_as_service_account: tuple[Path, subprocess.Popen[bytes]],
+) -> None:
+    log, proc = operator_as_service_account
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    namespace = f"kp-{uuid.uuid4().hex[:6]}"
+    nodes = _install_kube_proxy(api, namespace)
+    name = f"rbac-{uuid.uuid4().hex[:6]}"
+    custom.create_cluster_custom_object(
+        G,
+        V,
+        P,
+        {
+            "apiVersion": f"{G}/{V}",
+            "kind": models.KIND,
+            "metadata": {"name": name},
+            "spec": {
+                "targetMode": "ipvs",
+                "kubeProxy": {"namespace": namespace},
+                "readyTimeoutSeconds": 60,
+                "stages": [
+                    {
+                        "name": "canary",
+                        "nodeSelector": {"matchLabels": {"pool": "canary"}},
+                        "bakeSeconds": 1,
+                    },
+                    {"name": "all", "percent": 100, "bakeSeconds": 1},
+                ],
+            },
+        },
+    )
+
+    def status() -> dict[str, Any]:
+        return dict(custom.get_cluster_custom_object(G, V, P, name).get("status") or {})
+
+    done = eventually(
+        lambda: status().get("phase") in {"Completed", "Failed", "RolledBack"} and status(),
+        timeout=240,
+        what=f"policy {name} to finish",
+    )
+    assert done["phase"] == "Completed", done.get("message")
+    assert done["finalized"] is True
+    assert sum(len(s["nodes"]) for s in done["stages"]) == len(nodes)
+    assert proc.poll() is None, "the operator is still running"
+    # kopf's and the engine's Events for a cluster-scoped policy land in "default".
+    reasons = {
+        e.reason
+        for e in core.list_namespaced_event("default").items
+        if e.involved_object.name == name
+    }
+    assert {"RolloutStarted", "Completed"} <= reasons
+
+    custom.delete_cluster_custom_object(G, V, P, name)
+
+    def gone() -> bool:
+        try:
+            custom.get_cluster_custom_object(G, V, P, name)
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    eventually(gone, timeout=120, what="the policy's finalizer to be released")
+    core.delete_namespace(namespace)
+
+    text = log.read_text()
+    # A refusal shows as an HTTP 403 line (urllib3), kopf's APIForbiddenError, or kopf's
+    # "Not enough permissions" fallback warnings.
+    refusal = re.compile(r'HTTP/1\.1" 403 |status=403|APIForbiddenError|Not enough permissions')
+    found = refusal.search(text)
+    assert found is None, (
+        f"refused in the operator log: {text[found.start() - 300 : found.end() + 600]}"
+    )
+    # The run went through every write the ClusterRole grants (the log is --verbose).
+    seen = {
+        (method, resource)
+        for method, resource in _requests(text)
+        if resource in {"jobs", "nodes", "daemonsets", "configmaps", "events", "status"}
+    }
+    assert {
+        ("POST", "jobs"),
+        ("DELETE", "jobs"),
+        ("PATCH", "nodes"),
+        ("PATCH", "daemonsets"),
+        ("DELETE", "daemonsets"),
+        ("POST", "configmaps"),
+        ("PATCH", "configmaps"),
+        ("DELETE", "configmaps"),
+        ("PATCH", "status"),
+    } <= seen, sorted(seen)
+
+
+def _requests(log: str) -> set[tuple[str, str]]:
+    """(method, resource) of the API requests urllib3 logged; a subresource counts as itself
+    (PATCH /apis/proxymode.io/v1alpha1/proxymodepolicies/p/status -> ("PATCH", "status"))."""
+    out = set()
+    for match in re.finditer(r'"(GET|POST|PATCH|PUT|DELETE) (/[^ ?"]+)', log):
+        method, path = match.groups()
+        parts = path.strip("/").split("/")
+        rest = parts[2:] if parts[0] == "api" else parts[3:]
+        if rest[:1] == ["namespaces"] and len(rest) >= 3:
+            rest = rest[2:]
+        if rest:
+            out.add((method, rest[2] if len(rest) >= 3 else rest[0]))
+    return out
+
+
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("get", "secrets", NAMESPACE, True),
+        ("list", "secrets", NAMESPACE, False),
+        ("get", "secrets", "kube-system", False),
+        ("get", "secrets", "default", False),
+        ("patch", "nodes", "", True),
+        ("delete", "nodes", "", False),
+        ("create", "nodes", "", False),
+        ("delete", "pods", "kube-system", False),
+        ("update", "daemonsets.apps", "kube-system", False),
+        ("create", "events", "default", True),
+        ("patch", "proxymodepolicies.proxymode.io/status", "", True),
+        ("delete", "proxymodepolicies.proxymode.io", "", False),
+        ("patch", "clusterkopfpeerings.kopf.dev", "", True),
+        ("escalate", "clusterroles.rbac.authorization.k8s.io", "", False),
+    ],
+    ids=lambda c: f"{c[0]}-{c[1]}-{c[2] or 'cluster'}",
+)
+def test_service_account_can_and_cannot(
+    cluster: Sandbox, bins: Path, case: tuple[str, str, str, bool]
+) -> None:
+    """What the API server's authorizer answers for the chart's ServiceAccount (peering on)."""
+    verb, resource, namespace, allowed = case
+    peering = [v for v in CI_VALUES if v.name == "peering-on-values.yaml"]
+    objects = [
+        o
+        for o in yaml.safe_load_all(helm_template(bins, *peering).stdout)
+        if o and o["kind"] in RBAC_KINDS
+    ]
+    kubectl(cluster, bins, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(objects))
+    who = f"--as=system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+    args = ["auth", "can-i", verb, resource, who]
+    if namespace:
+        args += ["-n", namespace]
+    result = kubectl(cluster, bins, *args, check=False)
+    expected = "yes" if allowed else "no"
+    assert result.stdout.strip() == expected, (args, result.stdout, result.stderr)
