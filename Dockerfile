@@ -3,7 +3,7 @@
 # dependencies into a virtualenv in a build stage, copied into a slim runtime stage that runs
 # as a non-root UID. The chart's Deployment passes the arguments (--liveness, --peering).
 #
-#   docker build -t ghcr.io/proxymode/proxymode-operator:0.1.0 .
+#   docker build -t proxymode/proxymode-operator:0.1.0 .
 #
 # tests/chart/test_image.py checks these steps without a Docker engine: it builds the wheel the
 # same way, installs it into a fresh virtualenv and runs the entrypoint as UID 10001.
