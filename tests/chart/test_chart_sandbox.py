@@ -20,12 +20,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -45,26 +44,11 @@ from tests.chart.conftest import (
     one,
     run,
 )
+from tests.sandbox.harness import eventually
 
 pytestmark = pytest.mark.sandbox
-T = TypeVar("T")
 G, V, P = models.GROUP, models.VERSION, models.PLURAL
 SERVICE_ACCOUNT = "pm-proxymode-operator"
-
-
-def eventually(probe: Callable[[], T | None], *, timeout: float = 60, what: str = "it") -> T:
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while True:
-        try:
-            value = probe()
-            if value:
-                return value
-        except Exception as e:
-            last = e
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}") from last
-        time.sleep(0.5)
 
 
 def kubectl(

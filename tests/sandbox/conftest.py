@@ -19,6 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from proxymode_sandbox import Sandbox, SandboxConfig
+from proxymode_sandbox.kube_proxy_metrics import FAULT_ANNOTATION
 from proxymode_sandbox.process import log_tail
 from tests.sandbox.harness import (
     KubeProxy,
@@ -133,3 +134,14 @@ def sampler(api: client.ApiClient, proxy: KubeProxy) -> Iterator[Sampler]:
 
 
 __all__ = ["eventually", "pods_by_node"]
+
+
+@pytest.fixture
+def faults(core: client.CoreV1Api) -> Iterator[dict[str, str]]:
+    """Sandbox faults to set, by node name; every annotation is removed afterwards."""
+    chosen: dict[str, str] = {}
+    try:
+        yield chosen
+    finally:
+        for node in chosen:
+            core.patch_node(node, {"metadata": {"annotations": {FAULT_ANNOTATION: None}}})

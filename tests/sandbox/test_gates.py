@@ -7,7 +7,6 @@ faults are injected with the node annotation ``sandbox.proxymode.io/fault``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,16 +36,6 @@ def analysis(sandbox: Sandbox, **extra: Any) -> dict[str, Any]:
         ],
         **extra,
     }
-
-
-@pytest.fixture
-def faults(core: client.CoreV1Api) -> Iterator[dict[str, str]]:
-    chosen: dict[str, str] = {}
-    try:
-        yield chosen
-    finally:
-        for node in chosen:
-            core.patch_node(node, {"metadata": {"annotations": {FAULT_ANNOTATION: None}}})
 
 
 def test_a_healthy_nftables_canary_promotes_on_passing_rounds(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -42,17 +41,6 @@ def scrape(ip: str, port: int = 10249) -> tuple[int, str]:
 def node_ip(core: client.CoreV1Api, name: str) -> str:
     node = core.read_node(name)
     return next(a.address for a in node.status.addresses if a.type == "InternalIP")
-
-
-@pytest.fixture
-def faults(core: client.CoreV1Api) -> Iterator[dict[str, str]]:
-    """Faults to set by node name; every annotation is removed afterwards."""
-    chosen: dict[str, str] = {}
-    try:
-        yield chosen
-    finally:
-        for node in chosen:
-            core.patch_node(node, {"metadata": {"annotations": {FAULT_ANNOTATION: None}}})
 
 
 def test_every_node_serves_kube_proxy_metrics_and_prometheus_scrapes_them(

@@ -927,6 +927,23 @@ class _Machine:
         )
         return False
 
+    def _patch_config_data(self, cm: Object, desired: Mapping[str, str], why: str) -> bool:
+        """Patch a ConfigMap's data to ``desired``. True when it already matches."""
+        if (cm.get("data") or {}) == dict(desired):
+            return True
+        meta = cm["metadata"]
+        self.actions.append(
+            PatchObject(
+                "v1",
+                "ConfigMap",
+                meta["namespace"],
+                meta["name"],
+                objects.data_patch(cm, desired),
+                why=why,
+            )
+        )
+        return False
+
     def _restore(self) -> bool:
         """Delete the target objects, put the source back exactly. True when all is back."""
         backup = self.obs.backup
@@ -942,18 +959,9 @@ class _Machine:
         ):
             return False
         original_data = objects.original_config_data(backup)
-        if src_cm is not None and (src_cm.get("data") or {}) != original_data:
-            meta = src_cm["metadata"]
-            self.actions.append(
-                PatchObject(
-                    "v1",
-                    "ConfigMap",
-                    meta["namespace"],
-                    meta["name"],
-                    objects.data_patch(src_cm, original_data),
-                    why="restore the source ConfigMap from the snapshot",
-                )
-            )
+        if src_cm is not None and not self._patch_config_data(
+            src_cm, original_data, "restore the source ConfigMap from the snapshot"
+        ):
             return False
         if src_ds is not None and not _rolled_out(src_ds):
             self.status.message = "waiting for the source DaemonSet to settle"
@@ -996,18 +1004,9 @@ class _Machine:
             self._fail("FinalizeBlocked", f"cannot render the final configuration: {e}")
             return
         desired = {**original, key: final}
-        if (src_cm.get("data") or {}) != desired:
-            meta = src_cm["metadata"]
-            self.actions.append(
-                PatchObject(
-                    "v1",
-                    "ConfigMap",
-                    meta["namespace"],
-                    meta["name"],
-                    objects.data_patch(src_cm, desired),
-                    why=f"write mode {self.spec.target_mode} into the source ConfigMap",
-                )
-            )
+        if not self._patch_config_data(
+            src_cm, desired, f"write mode {self.spec.target_mode} into the source ConfigMap"
+        ):
             self.requeue = 1
             return
         failure = self._drive_moves(MoveDirection.HANDBACK)
