@@ -27,11 +27,12 @@ Invariants the unit tests check after every step:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from proxymode.api.models import (
+    Analysis,
     AnalysisStatus,
     BackupRef,
     CheckResult,
@@ -61,7 +62,7 @@ from proxymode.engine.actions import (
     PatchObject,
     SaveBackup,
 )
-from proxymode.engine.observed import SWITCHING, Object, Observed
+from proxymode.engine.observed import SWITCHING, CheckOutcome, Object, Observed
 from proxymode.engine.planner import (
     PlanNode,
     max_unavailable_count,
@@ -677,6 +678,7 @@ class _Machine:
             ]
             if (round_.time - warm_from).total_seconds() >= analysis.warmup_seconds:
                 self._count_round(status, [c.verdict for c in round_.checks])
+                self._report_round(status, round_.checks, analysis)
                 # Kept from the first counted round (past warm-up), for the last stage,
                 # when no node is left on the source mode to compare with.
                 baseline = self.status.baseline
@@ -712,6 +714,34 @@ class _Machine:
             and all(c.verdict == Verdict.PASS for c in status.checks)
         )
         return "ok" if passed else "wait"
+
+    def _report_round(
+        self, status: AnalysisStatus, checks: Sequence[CheckOutcome], analysis: Analysis
+    ) -> None:
+        """One Warning Event per counted round that did not pass, naming what and how far.
+
+        Passing rounds stay quiet (status shows them); a failing or inconclusive round is
+        what an operator watching ``kubectl get events`` needs to see before the limit hits.
+        """
+        failing = [c for c in checks if c.verdict == Verdict.FAIL]
+        unknown = [c for c in checks if c.verdict == Verdict.INCONCLUSIVE]
+        stage = self._stage_name() or "-"
+        if failing:
+            count, limit, kind = status.consecutive_failures, analysis.failure_limit, "failing"
+            shown = failing
+            reason = "AnalysisRoundFailed"
+        elif unknown or not checks:
+            count, limit = status.consecutive_inconclusive, analysis.inconclusive_limit
+            kind, shown, reason = "inconclusive", unknown, "AnalysisRoundInconclusive"
+        else:
+            return
+        detail = "; ".join(f"{c.name}: {c.message}" for c in shown) or "no checks answered"
+        self._event(
+            reason,
+            f"stage {stage} round {status.rounds}: {detail} ({count} of {limit} {kind}"
+            " rounds in a row)",
+            warning=True,
+        )
 
     @staticmethod
     def _count_round(status: AnalysisStatus, verdicts: list[str]) -> None:

@@ -90,7 +90,7 @@ class ClusterFacts:
 
 @dataclass(frozen=True)
 class CheckOutcome:
-    """One check's values and verdict in one analysis round (issue 4 fills these)."""
+    """One check's values and verdict in one analysis round, as the judge made it."""
 
     name: str
     verdict: str

@@ -15,6 +15,7 @@ import pytest
 
 from proxymode.analysis.judge import Sample, judge
 from proxymode.api.models import Phase, ProxyModePolicy
+from proxymode.engine.actions import EmitEvent
 from proxymode.engine.machine import advance
 from proxymode.engine.observed import AnalysisRound
 from tests.unit.engine.sim import Sim
@@ -56,8 +57,13 @@ def _baked_for(policy: ProxyModePolicy, now: Any) -> float | None:
     return None if since is None else (now - since).total_seconds()
 
 
-def drive(policy: ProxyModePolicy, world: World, limit: int = 300) -> ProxyModePolicy:
-    """Step until the policy completes, rolls back, fails or pauses."""
+def drive(
+    policy: ProxyModePolicy,
+    world: World,
+    limit: int = 300,
+    events: list[EmitEvent] | None = None,
+) -> ProxyModePolicy:
+    """Step until the policy completes, rolls back, fails or pauses (Events into ``events``)."""
     sim = Sim.cluster({"canary": 2, "general": 2})
     analysis = policy.spec.analysis
     assert analysis is not None
@@ -67,6 +73,8 @@ def drive(policy: ProxyModePolicy, world: World, limit: int = 300) -> ProxyModeP
         round_ = AnalysisRound(obs.now, tuple(judge(c, sample) for c in analysis.checks))
         decision = advance(policy, dataclasses.replace(obs, analysis=round_))
         sim.execute(decision.actions)
+        if events is not None:
+            events.extend(a for a in decision.actions if isinstance(a, EmitEvent))
         policy = policy.model_copy(update={"status": decision.status})
         if policy.status.phase in (Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED, Phase.PAUSED):
             return policy
@@ -94,6 +102,42 @@ def test_failed_rounds_roll_back_at_the_failure_limit() -> None:
     assert [(c.verdict, c.canary, c.message) for c in analysis.checks] == [
         ("Fail", 1.84, "p99 sync 1.840s > maxSeconds 1s")
     ]
+
+
+def round_events(events: list[EmitEvent]) -> list[tuple[str, str, str]]:
+    return [(e.type, e.reason, e.message) for e in events if e.reason.startswith("AnalysisRound")]
+
+
+def test_each_failing_round_is_an_event_and_passing_rounds_are_quiet() -> None:
+    events: list[EmitEvent] = []
+    drive(policy_with(), lambda _: Sample(1.84), events=events)
+    failing = "sync: p99 sync 1.840s > maxSeconds 1s"
+    assert round_events(events) == [
+        (
+            "Warning",
+            "AnalysisRoundFailed",
+            f"stage canary round 1: {failing} (1 of 2 failing rounds in a row)",
+        ),
+        (
+            "Warning",
+            "AnalysisRoundFailed",
+            f"stage canary round 2: {failing} (2 of 2 failing rounds in a row)",
+        ),
+    ]
+    quiet: list[EmitEvent] = []
+    drive(policy_with(), lambda _: Sample(0.2), events=quiet)
+    assert round_events(quiet) == []
+
+
+def test_each_inconclusive_round_is_an_event_with_the_reason() -> None:
+    events: list[EmitEvent] = []
+    drive(policy_with(), lambda _: UNREACHABLE, events=events)
+    got = round_events(events)
+    assert [(t, r) for t, r, _ in got] == [("Warning", "AnalysisRoundInconclusive")] * 3
+    assert got[2][2] == (
+        "stage canary round 3: sync: no verdict: Prometheus unreachable: connection refused"
+        " (3 of 3 inconclusive rounds in a row)"
+    )
 
 
 def test_warm_up_rounds_are_not_counted() -> None:
