@@ -7,11 +7,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 SANDBOX ?= .sandbox
 PYTEST_ARGS ?=
+SCENARIO ?= migrate
 
 .PHONY: help run crds venv binaries system-deps sandbox sandbox-down sandbox-status demo lint test test-unit test-sandbox clean
 
 help:
 	@echo "make demo          bring up the sandbox and watch a full iptables -> nftables migration"
+	@echo "                   (SCENARIO=rollback: slow-sync on a canary, rolled back automatically)"
 	@echo "make run           run the operator against \$$KUBECONFIG"
 	@echo "make test          lint, type-check and run the whole suite"
 	@echo "make sandbox       start the sandbox (.sandbox/env has KUBECONFIG and PATH)"
@@ -43,7 +45,7 @@ sandbox-status: venv
 
 demo: sandbox
 	$(PY) -m proxymode_sandbox --dir $(SANDBOX) show
-	$(PY) -m proxymode_sandbox --dir $(SANDBOX) demo
+	$(PY) -m proxymode_sandbox --dir $(SANDBOX) demo --scenario $(SCENARIO)
 
 run: venv
 	$(VENV)/bin/proxymode-operator --liveness=http://127.0.0.1:8080/healthz

@@ -1,6 +1,7 @@
 """``python -m proxymode`` / ``proxymode-operator``: run the operator.
 
-    proxymode-operator [--kubeconfig PATH] [--liveness URL] [--peering NAME] [--verbose]
+    proxymode-operator [--kubeconfig PATH] [--liveness URL] [--metrics-address HOST:PORT]
+                       [--peering NAME] [--verbose]
 
 In a pod it uses its ServiceAccount; elsewhere ``--kubeconfig`` or ``$KUBECONFIG``. Without
 ``--peering`` it runs standalone (one replica; the chart's Deployment uses ``Recreate``).
@@ -26,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
     )
     parser.add_argument(
+        "--metrics-address",
+        default=None,
+        help="serve the operator's Prometheus metrics on /metrics, e.g. 0.0.0.0:8000",
+    )
+    parser.add_argument(
         "--peering", default=None, help="kopf peering object name for active/standby replicas"
     )
     parser.add_argument("--verbose", action="store_true")
@@ -35,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
     import kopf  # noqa: PLC0415 - after $KUBECONFIG is set, see above
 
-    import proxymode.handlers  # noqa: F401, PLC0415 - importing registers the handlers
+    import proxymode.handlers  # noqa: PLC0415 - importing registers the handlers
 
+    if args.metrics_address:
+        proxymode.handlers.telemetry.serve(args.metrics_address)
     kopf.configure(verbose=args.verbose)
     kopf.run(
         clusterwide=True,

@@ -23,11 +23,14 @@ from kubernetes import client, config
 from proxymode.api import models
 from proxymode.engine.actions import EmitEvent
 from proxymode.kube.reconcile import Reconciler
+from proxymode.telemetry import Telemetry
 
 FINALIZER = "proxymode.io/finalizer"
 log = logging.getLogger("proxymode")
 _state: dict[str, Reconciler] = {}
 _lock = threading.Lock()
+telemetry = Telemetry()
+"""The process's metrics; ``__main__`` serves them when ``--metrics-address`` is given."""
 
 
 def _api_client() -> client.ApiClient:
@@ -45,7 +48,7 @@ def _api_client() -> client.ApiClient:
 def reconciler() -> Reconciler:
     with _lock:
         if "r" not in _state:
-            _state["r"] = Reconciler(_api_client(), events=_post_event)
+            _state["r"] = Reconciler(_api_client(), events=_post_event, telemetry=telemetry)
         return _state["r"]
 
 

@@ -4,7 +4,8 @@
     proxymode-sandbox down
     proxymode-sandbox status
     proxymode-sandbox show            # nodes by pool and the kube-proxy pod on each
-    proxymode-sandbox demo            # a full migration by the operator, shown live
+    proxymode-sandbox demo [--scenario migrate|rollback]
+                                      # a migration by the operator, gated on metrics, live
     proxymode-sandbox node add POOL | node remove NAME
     proxymode-sandbox crashloop NAMESPACE POD [--off]
 
@@ -52,7 +53,13 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("down", help="stop every sandbox process and remove the state")
     sub.add_parser("status", help="report which components run")
     sub.add_parser("show", help="nodes by pool and the kube-proxy pod on each")
-    sub.add_parser("demo", help="run a full iptables -> nftables migration and show it live")
+    demo_cmd = sub.add_parser("demo", help="run an iptables -> nftables migration, shown live")
+    demo_cmd.add_argument(
+        "--scenario",
+        choices=demo.SCENARIOS,
+        default="migrate",
+        help="migrate: healthy, to Completed; rollback: slow-sync on a canary, rolled back",
+    )
     node = sub.add_parser("node", help="add or remove a node while the sandbox runs")
     node_sub = node.add_subparsers(dest="action", required=True)
     node_sub.add_parser("add").add_argument("pool")
@@ -117,8 +124,8 @@ def _use(sandbox: Sandbox, args: argparse.Namespace) -> int:
     if args.command == "show":
         print(render_cluster(sandbox))
     elif args.command == "demo":
-        phase = demo.run(sandbox, out=lambda line: print(line, flush=True))
-        return 0 if phase == "Completed" else 1
+        phase = demo.run(sandbox, out=lambda line: print(line, flush=True), scenario=args.scenario)
+        return 0 if phase == demo.expected_phase(args.scenario) else 1
     elif args.command == "node" and args.action == "add":
         print(f"node {sandbox.add_node(args.pool)} added and Ready")
     elif args.command == "node":

@@ -38,6 +38,7 @@ STATE_FILE = "state.json"
 CRASHLOOP_ANNOTATION = "sandbox.proxymode.io/crashloop"
 SERVICE_CIDR = "10.96.0.0/16"
 CLUSTER_CIDR = "10.244.0.0/16"
+OPERATOR_JOB = "proxymode-operator"
 NODE_IP_PREFIX = "127.0.10."  # node InternalIPs live on loopback: reachable, never leave the host
 DEFAULT_STATE_DIR = Path(".sandbox")
 
@@ -468,7 +469,7 @@ class Sandbox:
                         {"files": [str(targets / f"{job}.json")], "refresh_interval": "2s"}
                     ],
                 }
-                for job in ("kube-proxy", "node-exporter")
+                for job in ("kube-proxy", "node-exporter", OPERATOR_JOB)
             ],
         }
         (prom_dir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -693,6 +694,7 @@ class Sandbox:
     def start_operator(self, kubeconfig: Path | None = None) -> ProcessRecord:
         """Run the proxymode operator as a process of this sandbox (``down`` stops it too)."""
         self.stop_operator()
+        metrics = f"127.0.0.1:{process.free_port()}"
         record = process.start(
             "operator",
             [
@@ -701,11 +703,24 @@ class Sandbox:
                 "proxymode",
                 f"--kubeconfig={kubeconfig or self.kubeconfig}",
                 f"--liveness=http://127.0.0.1:{process.free_port()}/healthz",
+                f"--metrics-address={metrics}",
             ],
             self.dir / "logs" / "operator.log",
         )
         self._add_record(record)
+        self._state["operatorMetrics"] = f"http://{metrics}/metrics"
+        self._save_state()
+        targets = self.dir / "prometheus" / "targets"
+        if targets.is_dir():  # the sandbox's Prometheus scrapes the operator too
+            (targets / f"{OPERATOR_JOB}.json").write_text(
+                json.dumps([{"targets": [metrics], "labels": {"instance": "operator"}}])
+            )
         return record
+
+    @property
+    def operator_metrics_url(self) -> str:
+        """Where the operator started by ``start_operator`` serves ``/metrics``."""
+        return str(self._state.get("operatorMetrics", ""))
 
     def stop_operator(self, kill: bool = False) -> None:
         """Stop the operator (``kill``: SIGKILL at once, as a crash would)."""

@@ -117,6 +117,12 @@ class _Machine:
         if self.obs.deleting:
             self._on_delete()
             return
+        if self.spec.paused and self.status.phase == Phase.PENDING:
+            # Created paused: not even preflight runs (it writes the snapshot and the
+            # target objects), so a paused policy has changed nothing at all.
+            self.status.message = "spec.paused is true: waiting before preflight; nothing changed"
+            self.requeue = 10
+            return
         quiet = TERMINAL | {Phase.PAUSED, Phase.PENDING, Phase.ROLLING_BACK}
         if self.spec.paused and self.status.phase not in quiet:
             self._pause("Spec", "spec.paused is true")
@@ -217,9 +223,8 @@ class _Machine:
             self._start_rollback("Aborted", "aborted by the proxymode.io/action annotation")
         elif action == "resume" and phase == Phase.PAUSED:
             self._resume()
-        elif action == "promote" and phase in (Phase.ANALYZING, Phase.PROGRESSING, Phase.PAUSED):
-            self.force_promote = True
-            self._event("PromoteRequested", f"stage {self._stage_name()} promoted by hand")
+        elif action == "promote":
+            self._promote_by_hand()
         elif action == "retry" and phase in (Phase.FAILED, Phase.ROLLED_BACK):
             self._retry()
         elif action not in ACTIONS:
@@ -229,12 +234,44 @@ class _Machine:
                 warning=True,
             )
 
+    def _promote_by_hand(self) -> None:
+        """Skip the rest of the current stage's bake and gate, only while it bakes.
+
+        Anywhere else a promote would mean nothing (nodes are still moving, or nothing is
+        in flight), so it is refused out loud rather than remembered for later.
+        """
+        st = self.status
+        baking = st.phase == Phase.ANALYZING or (
+            st.phase == Phase.PAUSED and st.resume_phase == Phase.ANALYZING
+        )
+        if not baking or self.spec.paused:
+            why = "spec.paused is true" if self.spec.paused else f"the phase is {st.phase}"
+            self._event(
+                "PromoteIgnored",
+                f"promote acts only while a stage bakes (Analyzing); ignored: {why}",
+                warning=True,
+            )
+            return
+        self.force_promote = True
+        self._event("PromoteRequested", f"stage {self._stage_name()} promoted by hand")
+
+    def _resume_and_go(self) -> None:
+        """Resume, and carry on in the same look only if the resume took (``spec.paused``
+        refuses it; dispatching again while still Paused would come straight back here)."""
+        self._resume()
+        if self.status.phase != Phase.PAUSED:
+            self._dispatch()
+
     def _resume(self) -> None:
         if self.spec.paused:
             self.status.message = "cannot resume while spec.paused is true"
             return
         if self.status.paused_reason == "PlanChanged":
             self._adopt_new_plan()
+        if self.status.paused_reason == "NoData" and self.status.analysis is not None:
+            # A person chose to go on: the no-data count starts again, or the very next
+            # inconclusive round would pause once more.
+            self.status.analysis.consecutive_inconclusive = 0
         target = self.status.resume_phase or Phase.PROGRESSING
         self.status.paused_reason = None
         self.status.resume_phase = None
@@ -816,8 +853,7 @@ class _Machine:
 
     def _paused(self) -> None:
         if self.status.paused_reason == "Spec" and not self.spec.paused:
-            self._resume()
-            self._dispatch()
+            self._resume_and_go()
             return
         # In-flight moves finish (a node is never left between proxies); no new ones start.
         failure = self._drive_moves() or self._health_failure()
@@ -825,13 +861,11 @@ class _Machine:
             self._start_rollback("KubeProxyUnhealthy", failure)
             return
         if self.force_promote and self.status.resume_phase == Phase.ANALYZING:
-            self._resume()
-            self._dispatch()
+            self._resume_and_go()
             return
         if self.status.paused_reason == "NoData" and self._data_returned():
             self._event("DataReturned", "the metric checks answer again; resuming")
-            self._resume()
-            self._dispatch()
+            self._resume_and_go()
             return
         self.requeue = 2 if self.status.moves else 30
         if self.status.paused_reason == "NoData" and self.spec.analysis is not None:

@@ -8,6 +8,7 @@ tests may call it directly.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -24,6 +25,7 @@ from proxymode.engine.machine import advance
 from proxymode.kube import rounds
 from proxymode.kube.execute import Executor
 from proxymode.kube.observe import Observer
+from proxymode.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +47,13 @@ class Reconciler:
         self,
         api: client.ApiClient,
         events: Callable[[dict[str, Any], EmitEvent], None] = lambda _body, _event: None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.api = api
         self.custom = client.CustomObjectsApi(api)
         self.observer = Observer(api)
         self.events = events
+        self.telemetry = telemetry or Telemetry()
 
     def read(self, name: str) -> dict[str, Any] | None:
         try:
@@ -63,8 +67,19 @@ class Reconciler:
         return dict(body)  # type: ignore[call-overload,no-any-return]
 
     def once(self, name: str, *, deleting: bool = False) -> Outcome:
+        started = time.perf_counter()
+        try:
+            return self._once(name, deleting=deleting)
+        except Exception:
+            self.telemetry.reconcile_errors.inc()
+            raise
+        finally:
+            self.telemetry.reconcile_seconds.observe(time.perf_counter() - started)
+
+    def _once(self, name: str, *, deleting: bool) -> Outcome:
         body = self.read(name)
         if body is None:
+            self.telemetry.forget(name)
             return Outcome(requeue_seconds=0, release_finalizer=True, gone=True)
         try:
             policy = ProxyModePolicy.model_validate(body)
@@ -83,6 +98,14 @@ class Reconciler:
         executor.run(decision.actions)
         status = decision.status.model_dump(by_alias=True, mode="json", exclude_none=False)
         self._store(name, status)
+        self.telemetry.looked(
+            name,
+            before=policy.status,
+            after=decision.status,
+            target_mode=str(policy.spec.target_mode),
+            observed=observed,
+            events=[a for a in decision.actions if isinstance(a, EmitEvent)],
+        )
         return Outcome(
             requeue_seconds=decision.requeue_seconds,
             release_finalizer=decision.release_finalizer,

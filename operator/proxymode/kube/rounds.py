@@ -26,7 +26,6 @@ from typing import Any
 
 import requests
 from kubernetes import client
-from prometheus_api_client import PrometheusConnect
 
 from proxymode.analysis import Sample, group_query, judge, node_matcher, per_node_query
 from proxymode.api.models import Analysis, Check, Phase, ProxyModePolicy, SecretKeyRef, StagePhase
@@ -69,39 +68,38 @@ def groups(policy: ProxyModePolicy, observed: Observed) -> tuple[list[str], list
 
 
 class Prometheus:
-    """A Prometheus client for one policy's ``analysis.prometheus`` settings."""
+    """A Prometheus client for one policy's ``analysis.prometheus`` settings.
+
+    Queries go as a form-encoded POST body to ``/api/v1/query``: a group matcher for
+    thousands of nodes is about a megabyte, over Prometheus's (Go's) 1 MiB header limit and
+    far over a reverse proxy's URL limit. (prometheus-api-client's ``custom_query`` puts the
+    query in the URL even with ``method="POST"``, so it is not used for this.)
+    """
 
     def __init__(self, api: client.ApiClient, analysis: Analysis) -> None:
         source = analysis.prometheus
         namespace = os.environ.get(OPERATOR_NAMESPACE_ENV, "proxymode-system")
         self.core = client.CoreV1Api(api)
-        headers: dict[str, str] = {}
-        session = requests.Session()
-        auth = None
+        self.url = source.url.rstrip("/") + "/api/v1/query"
+        self.timeout = source.timeout_seconds
+        self.session = requests.Session()
         if source.bearer_token is not None:
-            headers["Authorization"] = f"Bearer {self._secret(namespace, source.bearer_token)}"
+            token = self._secret(namespace, source.bearer_token)
+            self.session.headers["Authorization"] = f"Bearer {token}"
         if source.basic_auth is not None:
-            auth = (
+            self.session.auth = (
                 self._secret(namespace, source.basic_auth.username),
                 self._secret(namespace, source.basic_auth.password),
             )
-        if source.ca is not None:
+        if source.insecure_skip_verify:
+            self.session.verify = False
+        elif source.ca is not None:
             bundle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the session
                 "w", suffix=".pem", delete=False
             )
             bundle.write(self._secret(namespace, source.ca))
             bundle.close()
-            session.verify = bundle.name
-        self.timeout = source.timeout_seconds
-        self.connection = PrometheusConnect(
-            url=source.url,
-            headers=headers or None,
-            disable_ssl=source.insecure_skip_verify,
-            auth=auth,
-            session=session,
-            method="POST",
-            timeout=source.timeout_seconds,
-        )
+            self.session.verify = bundle.name
 
     def _secret(self, namespace: str, ref: SecretKeyRef) -> str:
         secret = self.core.read_namespaced_secret(ref.name, namespace)
@@ -110,9 +108,26 @@ class Prometheus:
             raise KeyError(f"secret {namespace}/{ref.name} has no key {ref.key!r}")
         return base64.b64decode(data).decode().strip()
 
-    def values(self, query: str) -> list[tuple[dict[str, str], float]]:
-        result: list[dict[str, Any]] = self.connection.custom_query(query, timeout=self.timeout)
-        return [(dict(r.get("metric") or {}), float(r["value"][1])) for r in result]
+    def values(self, query: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
+        """An instant query's rows, (labels, value); ``at`` is a Unix time (default: now)."""
+        form = {"query": query, "timeout": f"{self.timeout}s"}
+        if at is not None:
+            form["time"] = f"{at:.3f}"
+        response = self.session.post(self.url, data=form, timeout=self.timeout + 5)
+        try:
+            body: dict[str, Any] = response.json()
+        except ValueError:
+            response.raise_for_status()
+            raise
+        if body.get("status") != "success":
+            raise RuntimeError(
+                f"HTTP {response.status_code}: {body.get('errorType', '')}"
+                f" {body.get('error', response.text[:200])}".strip()
+            )
+        data = body.get("data") or {}
+        if data.get("resultType") == "scalar":
+            return [({}, float(data["result"][1]))]
+        return [(dict(r.get("metric") or {}), float(r["value"][1])) for r in data["result"]]
 
 
 def _single(rows: list[tuple[dict[str, str], float]]) -> float | None:
