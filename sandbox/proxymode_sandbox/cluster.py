@@ -39,7 +39,9 @@ CRASHLOOP_ANNOTATION = "sandbox.proxymode.io/crashloop"
 SERVICE_CIDR = "10.96.0.0/16"
 CLUSTER_CIDR = "10.244.0.0/16"
 OPERATOR_JOB = "proxymode-operator"
-NODE_IP_PREFIX = "127.0.10."  # node InternalIPs live on loopback: reachable, never leave the host
+# Node InternalIPs live on loopback: reachable, never leave the host. Two sandboxes with
+# metrics at once need different prefixes (the simulator binds each node's IP:10249).
+NODE_IP_PREFIX = os.environ.get("PROXYMODE_SANDBOX_NODE_NET", "127.0.10.")
 DEFAULT_STATE_DIR = Path(".sandbox")
 
 

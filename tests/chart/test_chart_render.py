@@ -175,17 +175,56 @@ def test_cluster_role_is_exactly_what_the_operator_uses(bins: Path) -> None:
         ("proxymode.io", "proxymodepolicies/status"): {"patch"},
         ("", "events"): {"create"},
         ("", "nodes"): {"get", "list", "patch"},
-        ("", "pods"): {"list"},
-        ("apps", "daemonsets"): {"get", "list", "create", "patch", "delete"},
-        ("", "configmaps"): {"get", "create", "patch", "delete"},
-        ("batch", "jobs"): {"list", "create", "delete"},
+        ("apps", "daemonsets"): {"list"},
         ("", "services"): {"list"},
         ("discovery.k8s.io", "endpointslices"): {"list"},
     }
 
 
+KUBE_PROXY_GRANTS = {
+    ("apps", "daemonsets"): {"get", "create", "patch", "delete"},
+    ("", "configmaps"): {"get", "create", "patch", "delete"},
+    ("batch", "jobs"): {"list", "create", "delete"},
+    ("", "pods"): {"list"},
+}
+
+
+def _kube_proxy_roles(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        o["metadata"]["namespace"]: o
+        for o in by_kind(objects, "Role")
+        if o["metadata"]["name"].endswith("-kube-proxy")
+    }
+
+
+def test_kube_proxy_writes_only_in_kube_proxy_namespaces(bins: Path) -> None:
+    """DaemonSet, ConfigMap and Job writes come from a Role in each kube-proxy namespace,
+    bound to the operator's ServiceAccount, and from nowhere else."""
+    objects = render(bins)
+    roles = _kube_proxy_roles(objects)
+    assert set(roles) == {"kube-system"}
+    assert _grants(roles["kube-system"]["rules"]) == KUBE_PROXY_GRANTS
+    (binding,) = [
+        b for b in by_kind(objects, "RoleBinding") if b["metadata"]["namespace"] == "kube-system"
+    ]
+    assert binding["roleRef"]["name"] == roles["kube-system"]["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "pm-proxymode-operator", "namespace": "proxymode-system"}
+    ]
+    more = render(
+        bins,
+        set_values=["kubeProxy.namespace=kp", "rbac.extraKubeProxyNamespaces={kube-system,kp}"],
+    )
+    assert set(_kube_proxy_roles(more)) == {"kp", "kube-system"}, "listed once each"
+
+
 def test_every_rbac_rule_is_commented() -> None:
-    text = (CHART / "templates" / "clusterrole.yaml").read_text().splitlines()
+    for template in ("clusterrole.yaml", "kube-proxy-role.yaml"):
+        _assert_commented(template)
+
+
+def _assert_commented(template: str) -> None:
+    text = (CHART / "templates" / template).read_text().splitlines()
     starts = [i for i, line in enumerate(text) if line.strip().startswith("- apiGroups:")]
     for i in starts:
         above = text[i - 1].strip()
@@ -197,12 +236,20 @@ def test_every_rbac_rule_is_commented() -> None:
 
 def test_secrets_only_by_name_in_the_release_namespace(bins: Path) -> None:
     objects = render(bins)
-    role = one(objects, "Role")
+    (role,) = [o for o in by_kind(objects, "Role") if o["metadata"]["namespace"] != "kube-system"]
     assert role["metadata"]["namespace"] == "proxymode-system"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
-    binding = one(objects, "RoleBinding")
+    (binding,) = [
+        b
+        for b in by_kind(objects, "RoleBinding")
+        if b["metadata"]["namespace"] == "proxymode-system"
+    ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["namespace"] == "proxymode-system"
+    # Nowhere else does any rule name secrets.
+    for other in by_kind(objects, "Role"):
+        if other is not role:
+            assert not [r for r in other["rules"] if "secrets" in r["resources"]], other
 
 
 def test_peering_is_opt_in_and_brings_its_own_rbac(bins: Path) -> None:
@@ -232,13 +279,40 @@ def test_monitoring_objects_are_off_by_default(bins: Path) -> None:
         "Role",
         "RoleBinding",
         "Deployment",
+        "Service",  # the operator's own /metrics
     }
+    (service,) = by_kind(render(bins), "Service")
+    assert service["metadata"]["name"] == "pm-proxymode-operator-metrics"
+
+
+def test_operator_metrics_are_served_and_scraped(bins: Path) -> None:
+    objects = render(bins, CHART / "ci" / "monitoring-on-values.yaml")
+    (c,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-address=0.0.0.0:8000" in c["args"]
+    assert {"name": "metrics", "containerPort": 8000, "protocol": "TCP"} in c["ports"]
+    (service,) = [
+        o for o in by_kind(objects, "Service") if o["metadata"]["name"].endswith("-metrics")
+    ]
+    (monitor,) = [
+        m for m in by_kind(objects, "ServiceMonitor") if "kube-proxy" not in m["metadata"]["name"]
+    ]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert all(service["metadata"]["labels"][k] == v for k, v in selector.items())
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels[k] == v for k, v in service["spec"]["selector"].items())
+    off = render(bins, set_values=["metrics.enabled=false"])
+    (c,) = one(off, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in c["args"] if a.startswith("--metrics-address")]
+    assert not by_kind(off, "Service")
 
 
 def test_service_monitor_labels_kube_proxy_series_by_node_mode_and_pool(bins: Path) -> None:
     objects = render(bins, CHART / "ci" / "monitoring-on-values.yaml")
-    monitor = one(objects, "ServiceMonitor")
-    service = one(objects, "Service")
+    (monitor,) = [
+        m for m in by_kind(objects, "ServiceMonitor") if "kube-proxy" in m["metadata"]["name"]
+    ]
+    (service,) = [o for o in by_kind(objects, "Service") if "kube-proxy" in o["metadata"]["name"]]
     assert service["metadata"]["namespace"] == "kube-system"
     assert service["spec"]["selector"] == {"k8s-app": "kube-proxy"}
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["kube-system"]}
@@ -349,7 +423,21 @@ def test_network_policy_allows_only_dns_api_server_and_prometheus(bins: Path) ->
     policy = one(render(bins, CHART / "ci" / "networkpolicy-on-values.yaml"), "NetworkPolicy")
     spec = policy["spec"]
     assert spec["policyTypes"] == ["Ingress", "Egress"]
-    assert spec["ingress"] == []
+    # In: only Prometheus, only to the metrics port.
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8000}]
+    assert rule["from"][0]["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "prometheus"}
+    }
+    off = one(
+        render(
+            bins,
+            CHART / "ci" / "networkpolicy-on-values.yaml",
+            set_values=["metrics.enabled=false"],
+        ),
+        "NetworkPolicy",
+    )
+    assert off["spec"]["ingress"] == []
     ports = [sorted(p["port"] for p in rule["ports"]) for rule in spec["egress"]]
     assert ports == [[53, 53], [443, 6443], [9090]]
     assert [b["ipBlock"]["cidr"] for b in spec["egress"][1]["to"]] == [

@@ -34,9 +34,11 @@ from kubernetes.client.exceptions import ApiException
 from proxymode.api import models
 from proxymode_sandbox import Sandbox, kubeadm_proxy
 from tests.chart.conftest import (
+    CHART,
     CI_VALUES,
     DATA,
     NAMESPACE,
+    RELEASE,
     as_image_user,
     by_kind,
     helm_template,
@@ -121,27 +123,69 @@ def _healthy(url: str) -> bool:
 
 
 @pytest.fixture
-def operator_as_service_account(
-    cluster: Sandbox, bins: Path, image_venv: Path
-) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
-    """The chart's RBAC applied for real, and the operator running under its ServiceAccount."""
-    port = _free_port()
-    objects = [
-        o
-        for o in yaml.safe_load_all(
-            helm_template(
-                bins,
-                *[v for v in CI_VALUES if v.name == "peering-on-values.yaml"],
-                set_values=[f"liveness.port={port}"],
-            ).stdout
-        )
-        if o
-    ]
-    apply_crds_for_real(cluster, bins, objects)
-    deployment = one(objects, "Deployment")
-    rest = [o for o in objects if o["kind"] not in {"CustomResourceDefinition", "Deployment"}]
-    kubectl(cluster, bins, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(rest))
+def kube_proxy_namespace(cluster: Sandbox) -> Iterator[tuple[str, list[str]]]:
+    """A kubeadm-style kube-proxy of its own, Ready on every node: (namespace, nodes)."""
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    namespace = f"kp-{uuid.uuid4().hex[:6]}"
+    try:
+        yield namespace, _install_kube_proxy(api, namespace)
+    finally:
+        client.CoreV1Api(api).delete_namespace(namespace)
 
+
+def helm(box: Sandbox, bins: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run([bins / "helm", f"--kubeconfig={box.kubeconfig}", *args])
+
+
+@pytest.fixture
+def release(
+    cluster: Sandbox, bins: Path, kube_proxy_namespace: tuple[str, list[str]]
+) -> Iterator[tuple[list[dict[str, Any]], int]]:
+    """``helm install`` of the chart (peering on, kube-proxy's namespace set), uninstalled
+    after. The Deployment is scaled to 0: kwok nodes run no containers, so the operator runs
+    beside the sandbox instead (``operator_as_service_account``), with the Deployment's own
+    arguments. Returns the release's manifest (``helm get manifest``) and the liveness port."""
+    port = _free_port()
+    namespace, _ = kube_proxy_namespace
+    peering = next(v for v in CI_VALUES if v.name == "peering-on-values.yaml")
+    # The CRD is already there from the dry-run tests (applied by kubectl): the release
+    # adopts it, as an install over a CRD from a previous install method would.
+    helm(
+        cluster,
+        bins,
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--take-ownership",
+        "--values",
+        str(peering),
+        "--set",
+        f"liveness.port={port}",
+        "--set",
+        f"kubeProxy.namespace={namespace}",
+        "--set",
+        "replicaCount=0",
+        "--wait",
+        "--timeout=120s",
+    )
+    try:
+        manifest = helm(cluster, bins, "get", "manifest", RELEASE, "--namespace", NAMESPACE)
+        yield [o for o in yaml.safe_load_all(manifest.stdout) if o], port
+    finally:
+        helm(cluster, bins, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+
+
+@pytest.fixture
+def operator_as_service_account(
+    cluster: Sandbox, bins: Path, image_venv: Path, release: tuple[list[dict[str, Any]], int]
+) -> Iterator[tuple[Path, subprocess.Popen[bytes], Path]]:
+    """The operator running under the installed release's ServiceAccount token, nothing else:
+    (its log, the process, a kubeconfig with that token)."""
+    objects, port = release
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 0
     token = kubectl(
         cluster, bins, "create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=2h"
     ).stdout.strip()
@@ -157,10 +201,17 @@ def operator_as_service_account(
     kubeconfig.chmod(0o644)
 
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    # The Deployment's own arguments; only the bind address is narrowed to loopback here, and
-    # --kubeconfig stands in for the in-cluster ServiceAccount mount.
-    args = [a.replace("//0.0.0.0:", "//127.0.0.1:") for a in container["args"]]
+    # The Deployment's own arguments; only the bind addresses are narrowed to loopback here
+    # (the metrics port too: another free one), and --kubeconfig stands in for the in-cluster
+    # ServiceAccount mount.
+    args = [
+        a.replace("//0.0.0.0:", "//127.0.0.1:").replace(
+            "--metrics-address=0.0.0.0:8000", f"--metrics-address=127.0.0.1:{_free_port()}"
+        )
+        for a in container["args"]
+    ]
     assert any(a.startswith("--peering=") for a in args)
+    assert any(a.startswith("--metrics-address=127.0.0.1:") for a in args)
     argv = [str(image_venv / "bin" / "proxymode-operator"), *args, f"--kubeconfig={kubeconfig}"]
     env = image_user_env(
         image_venv, scratch, POD_ID="pm-proxymode-operator-test", POD_NAMESPACE=NAMESPACE
@@ -182,7 +233,7 @@ def operator_as_service_account(
             timeout=60,
             what=f"kopf's liveness endpoint (log: {log.read_text()[-2000:]})",
         )
-        yield log, proc
+        yield log, proc, kubeconfig
     finally:
         proc.terminate()
         try:
@@ -220,13 +271,13 @@ def _install_kube_proxy(api: client.ApiClient, namespace: str) -> list[str]:
 def test_operator_under_chart_rbac_migrates_and_releases_with_no_forbidden(
     cluster: Sandbox,
     bins: Path,
-    operator_as_service_account: tuple[Path, subprocess.Popen[bytes]],
+    kube_proxy_namespace: tuple[str, list[str]],
+    operator_as_service_account: tuple[Path, subprocess.Popen[bytes], Path],
 ) -> None:
-    log, proc = operator_as_service_account
+    log, proc, token_kubeconfig = operator_as_service_account
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    namespace = f"kp-{uuid.uuid4().hex[:6]}"
-    nodes = _install_kube_proxy(api, namespace)
+    namespace, nodes = kube_proxy_namespace
     name = f"rbac-{uuid.uuid4().hex[:6]}"
     custom.create_cluster_custom_object(
         G,
@@ -282,7 +333,6 @@ def test_operator_under_chart_rbac_migrates_and_releases_with_no_forbidden(
         return False
 
     eventually(gone, timeout=120, what="the policy's finalizer to be released")
-    core.delete_namespace(namespace)
 
     text = log.read_text()
     # A refusal shows as an HTTP 403 line (urllib3), kopf's APIForbiddenError, or kopf's
@@ -310,6 +360,85 @@ def test_operator_under_chart_rbac_migrates_and_releases_with_no_forbidden(
         ("PATCH", "status"),
     } <= seen, sorted(seen)
 
+    # Not excessive: the same token, used for real, is refused outside what it needs.
+    as_operator = config.new_client_from_config(config_file=str(token_kubeconfig))
+    refused = {
+        "patch the DaemonSet kube-system/kube-proxy": lambda: client.AppsV1Api(
+            as_operator
+        ).patch_namespaced_daemon_set(
+            "kube-proxy", "kube-system", {"metadata": {"labels": {"x": "y"}}}
+        ),
+        "create a DaemonSet in default": lambda: client.AppsV1Api(
+            as_operator
+        ).create_namespaced_daemon_set("default", TINY_DAEMON_SET),
+        "create a ConfigMap in default": lambda: client.CoreV1Api(
+            as_operator
+        ).create_namespaced_config_map("default", {"metadata": {"name": "x"}}),
+        "read a Secret in kube-system": lambda: client.CoreV1Api(
+            as_operator
+        ).list_namespaced_secret("kube-system"),
+        "delete a node": lambda: client.CoreV1Api(as_operator).delete_node(nodes[0]),
+    }
+    for what, attempt in refused.items():
+        with pytest.raises(ApiException) as caught:
+            attempt()
+        assert caught.value.status == 403, (what, caught.value.status)
+
+    # A policy for a kube-proxy outside the granted namespaces: refused by RBAC, said in
+    # status and in a Warning Event, and nothing is changed.
+    outside = f"rbac-out-{uuid.uuid4().hex[:6]}"
+    custom.create_cluster_custom_object(
+        G,
+        V,
+        P,
+        {
+            "apiVersion": f"{G}/{V}",
+            "kind": models.KIND,
+            "metadata": {"name": outside},
+            "spec": {
+                "targetMode": "nftables",
+                "kubeProxy": {"namespace": "kube-system"},
+                "stages": [{"name": "all", "percent": 100}],
+            },
+        },
+    )
+    try:
+        said = eventually(
+            lambda: (
+                (custom.get_cluster_custom_object(G, V, P, outside).get("status") or {}).get(
+                    "message"
+                )
+                or ""
+            ),
+            timeout=60,
+            what="the operator to report the refusal",
+        )
+        assert said.startswith("not allowed to read what this policy needs:"), said
+        assert "kube-system" in said and "forbidden" in said, said
+        status = custom.get_cluster_custom_object(G, V, P, outside)["status"]
+        assert status.get("phase", "Pending") == "Pending", status
+        ds = client.AppsV1Api(api).read_namespaced_daemon_set("kube-proxy", "kube-system")
+        assert "proxymode.io/mode" not in str(ds.spec.template.spec.affinity), "untouched"
+        warnings = [
+            e.reason
+            for e in core.list_namespaced_event("default").items
+            if e.involved_object.name == outside and e.type == "Warning"
+        ]
+        assert "Forbidden" in warnings
+    finally:
+        custom.delete_cluster_custom_object(G, V, P, outside)
+        eventually(
+            lambda: (
+                outside
+                not in {
+                    o["metadata"]["name"]
+                    for o in custom.list_cluster_custom_object(G, V, P)["items"]
+                }
+            ),
+            timeout=120,
+            what="the refused policy to go",
+        )
+
 
 def _requests(log: str) -> set[tuple[str, str]]:
     """(method, resource) of the API requests urllib3 logged; a subresource counts as itself
@@ -326,6 +455,16 @@ def _requests(log: str) -> set[tuple[str, str]]:
     return out
 
 
+TINY_DAEMON_SET = {
+    "metadata": {"name": "x"},
+    "spec": {
+        "selector": {"matchLabels": {"app": "x"}},
+        "template": {
+            "metadata": {"labels": {"app": "x"}},
+            "spec": {"containers": [{"name": "x", "image": "x"}]},
+        },
+    },
+}
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
 
@@ -341,6 +480,15 @@ RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
         ("create", "nodes", "", False),
         ("delete", "pods", "kube-system", False),
         ("update", "daemonsets.apps", "kube-system", False),
+        ("patch", "daemonsets.apps", "kube-system", True),
+        ("create", "daemonsets.apps", "kube-system", True),
+        ("patch", "daemonsets.apps", "default", False),
+        ("create", "daemonsets.apps", "default", False),
+        ("delete", "daemonsets.apps", "default", False),
+        ("list", "daemonsets.apps", "default", True),
+        ("create", "configmaps", "default", False),
+        ("create", "jobs.batch", "default", False),
+        ("list", "pods", "default", False),
         ("create", "events", "default", True),
         ("patch", "proxymodepolicies.proxymode.io/status", "", True),
         ("delete", "proxymodepolicies.proxymode.io", "", False),

@@ -101,3 +101,8 @@ k8s-app: kube-proxy
 {{- define "proxymode-operator.ksmPrefix" -}}
 kube_customresource_proxymodepolicy
 {{- end }}
+
+{{/* The Role (and RoleBinding) for kube-proxy's objects, in each kube-proxy namespace. */}}
+{{- define "proxymode-operator.kubeProxyRoleName" -}}
+{{- printf "%s-kube-proxy" (include "proxymode-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

@@ -7,6 +7,7 @@ tests may call it directly.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -90,7 +91,25 @@ class Reconciler:
             return Outcome(requeue_seconds=60, release_finalizer=deleting, phase=Phase.FAILED)
         deleting = deleting or bool(body["metadata"].get("deletionTimestamp"))
         now = datetime.now(UTC)
-        observed = self.observer.observe(policy, deleting=deleting, now=now)
+        try:
+            observed = self.observer.observe(policy, deleting=deleting, now=now)
+        except ApiException as e:
+            if e.status != 403:
+                raise
+            # RBAC refuses a look (typically spec.kubeProxy.namespace is not one the chart
+            # granted): say so where the user looks, change nothing, look again later.
+            message = f"not allowed to read what this policy needs: {_forbidden(e)}"
+            if policy.status.message != message:
+                self.events(body, EmitEvent("Forbidden", message, "Warning"))
+            self._store(name, {"message": message})
+            # Still Pending: preflight never ran, so nothing was changed and a deleted
+            # policy may go at once.
+            pending = policy.status.phase == Phase.PENDING
+            return Outcome(
+                requeue_seconds=60 if not deleting else 5,
+                release_finalizer=deleting and pending,
+                phase=str(policy.status.phase),
+            )
         if not deleting and rounds.round_due(policy, now):
             observed = replace(observed, analysis=rounds.run_round(self.api, policy, observed, now))
         decision = advance(policy, observed)
@@ -121,6 +140,15 @@ class Reconciler:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+def _forbidden(error: ApiException) -> str:
+    """The API server's own sentence for a 403 (it names the verb, resource and namespace)."""
+    try:
+        body = json.loads(error.body or "{}")
+    except ValueError:
+        body = {}
+    return str(body.get("message") or error.reason or "forbidden")[:500]
 
 
 def _first_error(error: ValidationError) -> str:
