@@ -91,15 +91,18 @@ class Prometheus:
                 self._secret(namespace, source.basic_auth.username),
                 self._secret(namespace, source.basic_auth.password),
             )
+        # Passed with every request: a session-level verify loses to REQUESTS_CA_BUNDLE /
+        # CURL_CA_BUNDLE in the environment, which would silently drop the policy's CA.
+        self.verify: bool | str = True
         if source.insecure_skip_verify:
-            self.session.verify = False
+            self.verify = False
         elif source.ca is not None:
             bundle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the session
                 "w", suffix=".pem", delete=False
             )
             bundle.write(self._secret(namespace, source.ca))
             bundle.close()
-            self.session.verify = bundle.name
+            self.verify = bundle.name
 
     def _secret(self, namespace: str, ref: SecretKeyRef) -> str:
         secret = self.core.read_namespaced_secret(ref.name, namespace)
@@ -113,7 +116,9 @@ class Prometheus:
         form = {"query": query, "timeout": f"{self.timeout}s"}
         if at is not None:
             form["time"] = f"{at:.3f}"
-        response = self.session.post(self.url, data=form, timeout=self.timeout + 5)
+        response = self.session.post(
+            self.url, data=form, timeout=self.timeout + 5, verify=self.verify
+        )
         try:
             body: dict[str, Any] = response.json()
         except ValueError:
