@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -39,9 +40,8 @@ CRASHLOOP_ANNOTATION = "sandbox.proxymode.io/crashloop"
 SERVICE_CIDR = "10.96.0.0/16"
 CLUSTER_CIDR = "10.244.0.0/16"
 OPERATOR_JOB = "proxymode-operator"
-# Node InternalIPs live on loopback: reachable, never leave the host. Two sandboxes with
-# metrics at once need different prefixes (the simulator binds each node's IP:10249).
-NODE_IP_PREFIX = os.environ.get("PROXYMODE_SANDBOX_NODE_NET", "127.0.10.")
+# Node InternalIPs live on loopback (127.0.10.N unless taken, see Sandbox._node_net):
+# reachable, never leave the host.
 DEFAULT_STATE_DIR = Path(".sandbox")
 
 
@@ -644,7 +644,7 @@ class Sandbox:
         name = f"{pool.name}-{index}"
         number = int(self._state.get("nodeCounter", 0)) + 1
         manifest = node_manifest(name, pool, index, self.kubernetes_version)
-        ip = f"{NODE_IP_PREFIX}{number}"
+        ip = f"{self._node_net()}{number}"
         manifest["status"]["addresses"] = [
             {"type": "InternalIP", "address": ip},
             {"type": "Hostname", "address": name},
@@ -654,6 +654,29 @@ class Sandbox:
         self._state.setdefault("nodes", []).append(name)
         self._save_state()
         return name
+
+    def _node_net(self) -> str:
+        """The /24 on loopback this sandbox's nodes live in, chosen once and kept in state.
+
+        ``PROXYMODE_SANDBOX_NODE_NET`` decides when set; otherwise the first of 127.0.10.,
+        127.0.11., ... whose kube-proxy metrics ports nothing serves yet, so a test sandbox
+        does not collide with a ``make demo`` sandbox left running (two simulators cannot
+        serve the same node address, and one Prometheus would scrape the other's nodes).
+        """
+        chosen = self._state.get("nodeNet")
+        if chosen:
+            return str(chosen)
+        wanted = os.environ.get("PROXYMODE_SANDBOX_NODE_NET")
+        candidates = [wanted] if wanted else [f"127.0.{n}." for n in range(10, 60)]
+        for prefix in candidates:
+            if not self.config.prometheus or _port_free(f"{prefix}1", 10249):
+                self._state["nodeNet"] = prefix
+                self._save_state()
+                return prefix
+        raise SandboxError(
+            f"the node addresses {candidates[0]}1:10249 and on are served by another process"
+            " (another sandbox? `make sandbox-down`); set PROXYMODE_SANDBOX_NODE_NET"
+        )
 
     def add_node(self, pool: str, wait: bool = True) -> str:
         """Register one more node in ``pool`` (as when a node group scales up)."""
@@ -780,3 +803,13 @@ def _binary_version(binary: Path) -> str:
         [str(binary), "--version"], capture_output=True, text=True, check=True, env={**os.environ}
     ).stdout
     return out.split()[-1]
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Whether nothing listens on ``host:port`` yet (a bind succeeds)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -15,6 +15,7 @@ from kubernetes import client
 from proxymode_sandbox import Sandbox
 from proxymode_sandbox.kube_proxy_metrics import FAULT_ANNOTATION
 from tests.sandbox.harness import STAGES, KubeProxy, Policies, Sampler, eventually
+from tests.sandbox.test_monitoring import prom
 
 INTERVAL = 5
 FAILURE_LIMIT = 2
@@ -51,6 +52,19 @@ def test_a_healthy_nftables_canary_promotes_on_passing_rounds(
     assert checks["sync-p99"]["canary"] < 1
     assert status["analysis"]["passingRounds"] >= 2
     assert set(status["baseline"]["metrics"]) >= {"vs-baseline"}, "baseline recorded for the end"
+    # The operator's own metrics, as the sandbox's Prometheus scraped them.
+    phase = f'proxymode_policy_phase{{policy="{name}",phase="Completed"}}'
+    eventually(
+        lambda: prom(sandbox, phase) == {"operator": 1.0},
+        timeout=30,
+        what="Prometheus to scrape the operator's Completed phase",
+    )
+    passes = prom(sandbox, f'proxymode_analysis_rounds_total{{policy="{name}",result="Pass"}}').get(
+        "operator", 0
+    )
+    assert passes >= status["analysis"]["passingRounds"]
+    moved = prom(sandbox, f'proxymode_policy_nodes{{policy="{name}",state="moved"}}')
+    assert moved == {"operator": float(sum(len(s["nodes"]) for s in status["stages"]))}
     print(f"\ngates (a): Completed in {time.monotonic() - started:.0f}s with {checks}")
 
 
@@ -78,6 +92,13 @@ def test_slow_sync_on_a_canary_rolls_back_within_the_failure_limit(
     assert "AnalysisFailed" in status["rollbackReason"] and "sync-p99" in status["rollbackReason"]
     failing = {c["name"] for c in status["analysis"]["checks"] if c["verdict"] == "Fail"}
     assert "sync-p99" in failing
+    # Each failing round was announced before the rollback, with how close it was to the limit.
+    events = [
+        e.message
+        for e in core.list_namespaced_event("default").items
+        if e.involved_object.name == name and e.reason == "AnalysisRoundFailed"
+    ]
+    assert any(f"of {FAILURE_LIMIT} failing rounds in a row" in m for m in events), events
     # The p99 over the window needs a scrape or two to cross 1s; then failureLimit rounds.
     bound = FAILURE_LIMIT * INTERVAL + INTERVAL + 10 + 4
     assert breach_to_rollback <= bound, f"{breach_to_rollback:.1f}s > {bound}s"

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 import yaml
 from cryptography import x509
 
 from proxymode_sandbox.certs import CertificateAuthority
+from proxymode_sandbox.cluster import Sandbox, SandboxConfig
 from proxymode_sandbox.kubeadm_proxy import config_conf, manifests
 from proxymode_sandbox.topology import Topology, node_manifest
 
@@ -71,3 +75,23 @@ def test_certificates_chain_to_the_ca() -> None:
     cert.verify_directly_issued_by(ca_cert)
     orgs = [a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.ORGANIZATION_NAME)]
     assert orgs == ["system:masters"]
+
+
+def test_a_sandbox_picks_a_node_network_nobody_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node addresses whose metrics port is taken (another sandbox) are skipped, and the
+    choice is kept for the sandbox's life."""
+    monkeypatch.delenv("PROXYMODE_SANDBOX_NODE_NET", raising=False)
+    for d in "abc":
+        (tmp_path / d).mkdir()
+    first = Sandbox(SandboxConfig(state_dir=tmp_path / "a"))._node_net()
+    with socket.socket() as taken:
+        taken.bind((f"{first}1", 10249))
+        taken.listen()
+        box = Sandbox(SandboxConfig(state_dir=tmp_path / "b"))
+        second = box._node_net()
+        assert second != first
+        assert Sandbox(SandboxConfig(state_dir=tmp_path / "b"))._node_net() == second, "kept"
+    monkeypatch.setenv("PROXYMODE_SANDBOX_NODE_NET", "127.0.42.")
+    assert Sandbox(SandboxConfig(state_dir=tmp_path / "c"))._node_net() == "127.0.42."
