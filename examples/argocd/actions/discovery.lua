@@ -19,8 +19,7 @@
 --   abort    Roll back. Everywhere except RollingBack and the terminal phases Completed,
 --            RolledBack and Failed (a Completed mixed-mode policy rolls back when deleted).
 --   retry    Start a new run. Only in Failed and RolledBack. From a Failed run that changed
---            something the engine first rolls it back (ending RolledBack, so a second retry
---            starts the new run).
+--            something the engine first rolls it back, then starts the new run by itself.
 --
 -- No string library is used: Argo CD's Lua VM does not load it.
 

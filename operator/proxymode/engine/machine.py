@@ -155,6 +155,12 @@ class _Machine:
             self._keep_mixed_mode()
         if self.status.phase in (Phase.ROLLED_BACK, Phase.COMPLETED) and phase == self.status.phase:
             self._drop_backup()
+            if self.status.phase == Phase.ROLLED_BACK and (
+                self.status.rollback_reason or ""
+            ).startswith("Retry:"):
+                # A retry of a failed run walked it back first; now the new run starts,
+                # without asking a second time.
+                self._retry()
 
     def decision(self) -> Decision:
         self._derive_summary()

@@ -423,3 +423,27 @@ def test_max_unavailable_bounds_parallel_moves() -> None:
 
     run.until(terminal, hook=hook)
     assert peak == 3
+
+
+def test_retry_of_a_failed_run_walks_it_back_then_starts_the_new_run() -> None:
+    """One retry is enough: the failed run's changes are rolled back, then run 2 begins."""
+    sim = Sim.cluster({"canary": 1, "general": 1})
+    sim.fail_jobs = True
+    run = Run(sim, make_policy(targetMode="ipvs"))
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.FAILED
+    sim.fail_jobs = False
+    sim.jobs.clear()  # a person looked at the failed cleanup Job and removed it
+    sim.action = "retry"
+    phases: list[str] = []
+    run.until(
+        lambda p: p.status.phase in (Phase.COMPLETED, Phase.FAILED),
+        hook=lambda _i, _s, p: phases.append(str(p.status.phase)),
+    )
+    st = run.policy.status
+    assert st.phase == Phase.COMPLETED, st.message
+    assert st.run == 2
+    assert "RolledBack" in phases, "walked back first"
+    reasons = [h.reason for h in st.history]
+    assert reasons.count("Retry") == 1, reasons
+    assert config_mode(sim) == "ipvs"
