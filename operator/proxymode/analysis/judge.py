@@ -12,7 +12,9 @@ inconclusiveLimit, onNoData). The rules:
   except that a canary of 0 against a baseline of 0 passes (nothing got worse).
 - ``mannWhitney`` compares the per-node values: each group needs ``minSamples`` finite
   values (NaNs are dropped, as Kayenta's default ``nanStrategy: remove`` does) or it is
-  Inconclusive; it fails when the canary's values are significantly greater (one-sided,
+  Inconclusive; when a group is smaller than ``minSamples`` in the plan itself (no baseline
+  left at the last stage, a two-node canary pool) the comparison does not apply and says
+  so; it fails when the canary's values are significantly greater (one-sided,
   ``p <= alpha``) than the baseline's scaled by ``1 + tolerance``.
 - Several thresholds on one check: Fail if any fails, else Inconclusive if any is,
   else Pass. The message gives the deciding findings with the measured values and the
@@ -56,6 +58,10 @@ class Sample:
     """One value per baseline node, for ``mannWhitney`` only."""
     error: str | None = None
     """Why the values could not be measured (Prometheus unreachable, query refused)."""
+    canary_size: int | None = None
+    """How many nodes the canary group has in the plan (None: not known)."""
+    baseline_size: int | None = None
+    """How many planned nodes are still on the source mode (None: not known)."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,21 @@ def _ratio(
 
 
 def _mann_whitney(test: MannWhitney, sample: Sample, what: str, seconds: bool) -> _Finding:
+    small = [
+        f"{name} group has {size} node{'s' if size != 1 else ''}"
+        for name, size in (("canary", sample.canary_size), ("baseline", sample.baseline_size))
+        if size is not None and size < test.min_samples
+    ]
+    if small:
+        # Not missing data but a plan that cannot be compared this way: at the last stage no
+        # node is left on the source mode, and a small canary pool never reaches minSamples.
+        # Waiting for data that cannot come would hold (or, with onNoData, roll back) a
+        # healthy migration; the check's other bounds still decide, and status says so.
+        return _Finding(
+            Verdict.PASS,
+            f"mannWhitney not applicable: {' and '.join(small)} (minSamples"
+            f" {test.min_samples}); the check's other bounds decide",
+        )
     canary = [v for v in sample.canary_per_node if math.isfinite(v)]
     baseline = [v for v in sample.baseline_per_node if math.isfinite(v)]
     if len(canary) < test.min_samples or len(baseline) < test.min_samples:

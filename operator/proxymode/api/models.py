@@ -256,9 +256,11 @@ class MannWhitney(_Model):
 
     Kayenta's judge, without the score: the check fails when the canary nodes' values are
     significantly greater (at ``alpha``) than the baseline nodes' values scaled by
-    ``1 + tolerance``. It compares two groups, so it needs a baseline group: without one
-    (or with fewer than ``minSamples`` nodes in a group) it is Inconclusive. Few nodes
-    cannot reach a small alpha: with 3 against 3 the smallest p-value is 1/20 = 0.05.
+    ``1 + tolerance``. It compares two groups: when the plan leaves a group with fewer
+    than ``minSamples`` nodes (no baseline at the last stage, a small canary pool) it does
+    not apply and the check's other bounds decide; fewer values than that from groups big
+    enough (missing data) is Inconclusive. Few nodes cannot reach a small alpha: with 3
+    against 3 the smallest p-value is 1/20 = 0.05.
     """
 
     alpha: Annotated[float, Field(gt=0, le=0.5)] = Field(

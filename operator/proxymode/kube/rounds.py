@@ -180,7 +180,14 @@ def measure(
             )
     except Exception as e:  # unreachable, refused, timed out: no data, not a verdict
         return Sample(canary=None, error=f"Prometheus: {type(e).__name__}: {e}"[:300])
-    return Sample(canary_value, baseline_value, canary_nodes, baseline_nodes)
+    return Sample(
+        canary_value,
+        baseline_value,
+        canary_nodes,
+        baseline_nodes,
+        canary_size=len(canary),
+        baseline_size=len(baseline),
+    )
 
 
 COVERAGE_METRIC = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"

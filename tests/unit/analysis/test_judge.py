@@ -208,6 +208,22 @@ def test_mann_whitney_needs_min_samples_in_each_group() -> None:
     assert no_baseline.verdict == INCONCLUSIVE and "baseline 0" in no_baseline.message
 
 
+def test_mann_whitney_does_not_apply_to_groups_too_small_by_plan() -> None:
+    """No node left on the source mode (the last stage), or a canary pool smaller than
+    minSamples: the comparison can never be made, so it steps aside and says why, while the
+    check's other bounds still decide (and missing data in big enough groups still holds)."""
+    last_stage = Sample(0.5, None, canary_per_node=(0.5,) * 6, canary_size=6, baseline_size=0)
+    out = judge(mw(), last_stage)
+    assert out.verdict == PASS
+    assert "mannWhitney not applicable: baseline group has 0 nodes (minSamples 3)" in out.message
+    two_canaries = Sample(0.5, 0.4, (0.5, 0.5), (0.4,) * 4, canary_size=2, baseline_size=4)
+    assert "canary group has 2 nodes" in judge(mw(), two_canaries).message
+    breach = Sample(12.0, None, canary_per_node=(12.0,) * 6, canary_size=6, baseline_size=0)
+    assert judge(mw(), breach).verdict == FAIL
+    missing = Sample(0.5, 0.4, canary_per_node=(0.5,), canary_size=4, baseline_size=4)
+    assert judge(mw(), missing).verdict == INCONCLUSIVE
+
+
 def test_mann_whitney_drops_nan_per_node_values() -> None:
     sample = Sample(
         2.0, 1.0, canary_per_node=(1.9, math.nan, 2.2), baseline_per_node=(0.9, 1.0, 1.1)
