@@ -9,7 +9,7 @@ SANDBOX ?= .sandbox
 PYTEST_ARGS ?=
 SCENARIO ?= migrate
 
-.PHONY: help run crds venv binaries system-deps sandbox sandbox-down sandbox-status demo lint test test-unit test-sandbox clean
+.PHONY: help run crds venv binaries system-deps sandbox sandbox-down sandbox-status demo lint test test-unit test-sandbox bench clean
 
 help:
 	@echo "make demo          bring up the sandbox and watch a full iptables -> nftables migration"
@@ -18,6 +18,7 @@ help:
 	@echo "make test          lint, type-check and run the whole suite"
 	@echo "make sandbox       start the sandbox (.sandbox/env has KUBECONFIG and PATH)"
 	@echo "make sandbox-down  stop every sandbox process and remove its state"
+	@echo "make bench         how the engine's look, status and queries grow to 5,000 nodes"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,8 +55,8 @@ crds: venv
 	$(PY) -m proxymode.api.crd > crds/proxymode.io_proxymodepolicies.yaml
 
 lint: venv
-	$(VENV)/bin/ruff check operator sandbox tests
-	$(VENV)/bin/ruff format --check operator sandbox tests
+	$(VENV)/bin/ruff check operator sandbox tests benchmarks
+	$(VENV)/bin/ruff format --check operator sandbox tests benchmarks
 	$(VENV)/bin/mypy
 
 test: venv binaries system-deps lint
@@ -66,6 +67,9 @@ test-unit: venv
 
 test-sandbox: venv binaries system-deps
 	$(PY) -m pytest tests/sandbox $(PYTEST_ARGS)
+
+bench: venv
+	$(PY) -m benchmarks.engine_scale
 
 clean: sandbox-down
 	rm -rf $(VENV) build dist *.egg-info
