@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 LOG_TAIL_LINES = 25
 
@@ -149,6 +150,19 @@ def stop_pids(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
         _reap(pid)
+
+
+def stop_popen(proc: subprocess.Popen[Any], grace_seconds: float = 10.0) -> None:
+    """Stop a child this process started with ``Popen``: SIGTERM, then SIGKILL after
+    ``grace_seconds``, and wait for it either way (no zombie, no ResourceWarning)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def kill_now(pid: int) -> None:

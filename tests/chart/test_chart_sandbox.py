@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import urllib.request
@@ -33,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from proxymode.api import models
 from proxymode_sandbox import Sandbox, kubeadm_proxy
+from proxymode_sandbox.process import free_port, stop_popen
 from tests.chart.conftest import (
     CHART,
     CI_VALUES,
@@ -110,13 +110,6 @@ def test_rendered_chart_passes_server_side_dry_run(
     assert all("(server dry run)" in line for line in lines), result.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _healthy(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback only
         return bool(response.status == 200)
@@ -145,7 +138,7 @@ def release(
     after. The Deployment is scaled to 0: kwok nodes run no containers, so the operator runs
     beside the sandbox instead (``operator_as_service_account``), with the Deployment's own
     arguments. Returns the release's manifest (``helm get manifest``) and the liveness port."""
-    port = _free_port()
+    port = free_port()
     namespace, _ = kube_proxy_namespace
     peering = next(v for v in CI_VALUES if v.name == "peering-on-values.yaml")
     # The CRD is already there from the dry-run tests (applied by kubectl): the release
@@ -206,7 +199,7 @@ def operator_as_service_account(
     # ServiceAccount mount.
     args = [
         a.replace("//0.0.0.0:", "//127.0.0.1:").replace(
-            "--metrics-address=0.0.0.0:8000", f"--metrics-address=127.0.0.1:{_free_port()}"
+            "--metrics-address=0.0.0.0:8000", f"--metrics-address=127.0.0.1:{free_port()}"
         )
         for a in container["args"]
     ]
@@ -235,12 +228,7 @@ def operator_as_service_account(
         )
         yield log, proc, kubeconfig
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_popen(proc, grace_seconds=30)
         print(f"--- operator log (last 3000 chars) ---\n{log.read_text()[-3000:]}")
         shutil.rmtree(scratch, ignore_errors=True)
 

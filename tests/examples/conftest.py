@@ -13,7 +13,7 @@ hostname), with a canary pool and a general pool of its own. Why:
   kube-proxy, and the sandbox's own kube-system one is never touched.
 - Disjoint nodes keep them apart: a node's ``proxymode.io/mode`` label, its pods and its
   simulated metrics belong to one world only. The invariant sampler of each world counts
-  only its own nodes (``WorldSampler``).
+  only its own nodes (``Sampler(..., nodes=...)``).
 
 Everything started here is stopped in a ``finally``, also on failure: the policies are deleted
 and waited for (a mixed-mode one is rolled back first), then the namespaces, the operator and
@@ -35,10 +35,9 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from proxymode.engine.observed import MODE_LABEL
 from proxymode_sandbox import Sandbox, SandboxConfig, kubeadm_proxy
 from proxymode_sandbox.process import log_tail
-from tests.sandbox.harness import KubeProxy, Sampler, eventually, raw
+from tests.sandbox.harness import KubeProxy, eventually, raw
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -184,42 +183,6 @@ def install_kube_proxy_on(api: client.ApiClient, namespace: str, nodes: Sequence
     proxy.ds_spec = raw(apps.read_namespaced_daemon_set, "kube-proxy", namespace)["spec"]
     proxy.cm_data = core.read_namespaced_config_map("kube-proxy", namespace).data
     return proxy
-
-
-class WorldSampler(Sampler):
-    """``Sampler``'s invariants, counted over one world's nodes only: never two kube-proxies
-    on a node, never more of its nodes between proxies (``switching``) than its budget. The
-    other worlds migrate at the same time and have their own budgets."""
-
-    def __init__(
-        self, api: client.ApiClient, namespace: str, budget: int, nodes: Sequence[str]
-    ) -> None:
-        super().__init__(api, namespace, budget)
-        self.nodes = frozenset(nodes)
-
-    def sample(self) -> None:
-        pods = self.core.list_namespaced_pod(
-            self.namespace, label_selector="k8s-app=kube-proxy"
-        ).items
-        per_node: dict[str, list[str]] = {}
-        for pod in pods:
-            if pod.spec.node_name:
-                per_node.setdefault(pod.spec.node_name, []).append(pod.metadata.name)
-        for node, names in per_node.items():
-            if len(names) > 1:
-                self.violations.append(f"two kube-proxies on {node}: {names}")
-        switching = [
-            n.metadata.name
-            for n in self.core.list_node().items
-            if n.metadata.name in self.nodes
-            and (n.metadata.labels or {}).get(MODE_LABEL) == "switching"
-        ]
-        self.max_switching = max(self.max_switching, len(switching))
-        if len(switching) > self.budget:
-            self.violations.append(f"{len(switching)} nodes switching at once: {switching}")
-        for job in self.batch.list_namespaced_job(self.namespace).items:
-            self.jobs[job.metadata.name] = (job.metadata.labels or {}).get("proxymode.io/node", "")
-        self.samples += 1
 
 
 def node_labels(core: client.CoreV1Api, nodes: Sequence[str]) -> dict[str, dict[str, Any]]:

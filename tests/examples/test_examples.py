@@ -51,12 +51,11 @@ from proxymode_sandbox import Sandbox
 from tests.examples.conftest import (
     EXAMPLES,
     WORLD_NODES,
-    WorldSampler,
     delete_namespace_quietly,
     install_kube_proxy_on,
     node_labels,
 )
-from tests.sandbox.harness import G, KubeProxy, P, Policies, V, eventually, mode_of, raw
+from tests.sandbox.harness import G, KubeProxy, P, Policies, Sampler, V, eventually, mode_of, raw
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -248,7 +247,7 @@ class Run:
     example: dict[str, Any]
     body: dict[str, Any]
     changes: list[str]
-    sampler: WorldSampler
+    sampler: Sampler
     proxy: KubeProxy
     started: float = 0.0
 
@@ -317,7 +316,7 @@ def migrations(api: client.ApiClient, operator: Sandbox) -> Iterator[Migrations]
                 example,
                 body,
                 changes,
-                WorldSampler(api, namespace, budget, nodes),
+                Sampler(api, namespace, budget, nodes=nodes),
                 proxy,
             )
         for run in runs.values():

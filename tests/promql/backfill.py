@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
+
+from proxymode_sandbox.process import free_port, stop_popen
 
 T0 = 1_700_000_000  # 2023-11-14T22:13:20Z: the first scrape
 STEP = 15  # seconds between scrapes
@@ -295,23 +296,6 @@ def backfill(text: str, workdir: Path) -> Path:
     return tsdb
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
 @contextmanager
 def serve(tsdb: Path, workdir: Path, *, ready_timeout: float = 30.0) -> Iterator[str]:
     """Run ``prometheus`` over ``tsdb`` (no scrape targets) and yield its base URL; the
@@ -321,7 +305,7 @@ def serve(tsdb: Path, workdir: Path, *, ready_timeout: float = 30.0) -> Iterator
     config.write_text("global:\n  evaluation_interval: 1h\nscrape_configs: []\n")
     log_path = workdir / "prometheus.log"
     for _attempt in range(3):
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
@@ -341,7 +325,7 @@ def serve(tsdb: Path, workdir: Path, *, ready_timeout: float = 30.0) -> Iterator
                 yield url
                 return
         finally:
-            _stop(process)
+            stop_popen(process)
         if "address already in use" not in log_path.read_text(errors="replace"):
             break
     raise AssertionError(f"prometheus did not become ready:\n{log_path.read_text()[-4000:]}")

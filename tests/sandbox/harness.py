@@ -15,7 +15,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -99,8 +99,17 @@ def raw(call: Callable[..., Any], *args: Any) -> dict[str, Any]:
 class Sampler(threading.Thread):
     """Checks the invariants against the API while a migration runs."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, budget: int) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        budget: int,
+        nodes: Collection[str] | None = None,
+    ) -> None:
+        """``nodes``: count only these against the budget (other migrations may run beside
+        this one, on other nodes, with budgets of their own)."""
         super().__init__(daemon=True)
+        self.nodes = frozenset(nodes) if nodes is not None else None
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
         self.namespace = namespace
@@ -135,6 +144,7 @@ class Sampler(threading.Thread):
             n.metadata.name
             for n in self.core.list_node().items
             if (n.metadata.labels or {}).get(MODE_LABEL) == "switching"
+            and (self.nodes is None or n.metadata.name in self.nodes)
         ]
         self.max_switching = max(self.max_switching, len(switching))
         if len(switching) > self.budget:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import http.server
 import shutil
-import socket
 import ssl
 import subprocess
 import threading
@@ -28,6 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,23 +37,17 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from proxymode.analysis import judge
-from proxymode.api.models import Analysis, Check
-from proxymode.kube.rounds import OPERATOR_NAMESPACE_ENV, Prometheus, measure
+from proxymode.api.models import ProxyModePolicy
+from proxymode.engine.observed import MODE_LABEL, NodeView, Observed
+from proxymode.kube.rounds import OPERATOR_NAMESPACE_ENV, run_round
 from proxymode_sandbox import Sandbox
 from proxymode_sandbox.certs import CertificateAuthority
+from proxymode_sandbox.process import free_port, stop_popen
 from tests.sandbox.harness import STAGES, KubeProxy, Policies, eventually
 
 OPERATOR_NAMESPACE = "proxymode-system"  # the sandbox's operator runs without POD_NAMESPACE
 USER, PASSWORD, TOKEN = "proxymode", "correct horse battery staple", "t0ken-" + "x" * 32
 SECRET = "prometheus-credentials"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -124,7 +118,7 @@ def secure_prometheus(
         "basic_auth_users": {USER: hashed},
     }
     (work / "web.yml").write_text(yaml.safe_dump(web))
-    port = _free_port()
+    port = free_port()
     log = (work / "prometheus.log").open("wb")
     proc = subprocess.Popen(
         [
@@ -158,12 +152,7 @@ def secure_prometheus(
         eventually(ready, timeout=60, what="the HTTPS Prometheus to be ready")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_popen(proc)
         log.close()
 
 
@@ -213,32 +202,30 @@ def _ref(key: str) -> dict[str, str]:
     return {"name": SECRET, "key": key}
 
 
-def _analysis(prometheus: dict[str, Any]) -> Analysis:
-    return Analysis.model_validate(
-        {
-            "prometheus": prometheus,
-            "checks": [{"name": "sync-p99", "template": "SyncLatencyP99", "maxSeconds": 1}],
-        }
-    )
+CANARIES = ("canary-1", "canary-2")
 
 
 def _round(api: client.ApiClient, prometheus: dict[str, Any]) -> tuple[str, str, float | None]:
-    """One check measured and judged through the adapter, as a round does it."""
-    analysis = _analysis(prometheus)
-    check: Check = analysis.checks[0]
-    try:
-        prom = Prometheus(api, analysis)
-    except Exception as e:  # a missing Secret or key, as run_round reports it
-        return "Inconclusive", f"cannot reach Prometheus: {e}", None
-    sample = measure(
-        prom,
-        check,
-        analysis,
-        canary=["canary-1", "canary-2"],
-        baseline=[],
-        recorded_baseline=None,
+    """One real analysis round (``rounds.run_round``) with the canaries as the canary group:
+    credentials read from the Secrets, the query sent, the check judged."""
+    policy = ProxyModePolicy.model_validate(
+        {
+            "metadata": {"name": "credentials"},
+            "spec": {
+                "targetMode": "nftables",
+                "stages": [{"name": "canary", "percent": 100}],
+                "analysis": {
+                    "prometheus": prometheus,
+                    "windowSeconds": 10,  # past a fresh kube-proxy's slow first syncs
+                    "checks": [{"name": "sync-p99", "template": "SyncLatencyP99", "maxSeconds": 1}],
+                },
+            },
+            "status": {"stages": [{"name": "canary", "nodes": list(CANARIES)}]},
+        }
     )
-    outcome = judge(check, sample)
+    nodes = tuple(NodeView(n, labels={MODE_LABEL: "nftables"}) for n in CANARIES)
+    now = datetime.now(UTC)
+    (outcome,) = run_round(api, policy, Observed(now=now, generation=1, nodes=nodes), now).checks
     return outcome.verdict, outcome.message, outcome.canary
 
 
