@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from proxymode.api.models import Phase, PolicyStatus, Verdict
+from proxymode.engine import gate
 from proxymode.engine.actions import EmitEvent
 from proxymode.engine.observed import SWITCHING, AnalysisRound, Observed, ProxyKind
 
@@ -179,13 +180,8 @@ def state_families(
 
 
 def round_result(round_: AnalysisRound) -> str:
-    """A round's overall result, as the engine counts it: any Fail, else any Inconclusive."""
-    verdicts = {c.verdict for c in round_.checks}
-    if Verdict.FAIL in verdicts:
-        return str(Verdict.FAIL)
-    if Verdict.INCONCLUSIVE in verdicts or not verdicts:
-        return str(Verdict.INCONCLUSIVE)
-    return str(Verdict.PASS)
+    """A round's overall result, as the engine counts it (the pure gate decides)."""
+    return str(gate.round_verdict(round_.checks))
 
 
 class Telemetry:

@@ -1,12 +1,12 @@
 """Analysis: PromQL for the checks (``templates``), the verdicts (``judge``), the statistics.
 
 Pure code, no I/O: the Prometheus adapter renders the queries here, sends them (by POST,
-one per check per group per round), and hands what it measured to ``judge``.
+one per check per group per round), and hands what it measured to ``judge``; the rounds are counted by ``proxymode.engine.gate``.
 """
 
 from __future__ import annotations
 
-from proxymode.analysis.judge import Sample, judge, round_verdict
+from proxymode.analysis.judge import Sample, judge
 from proxymode.analysis.stats import mann_whitney_u
 from proxymode.analysis.templates import group_query, node_matcher, per_node_query
 
@@ -17,5 +17,4 @@ __all__ = [
     "mann_whitney_u",
     "node_matcher",
     "per_node_query",
-    "round_verdict",
 ]

@@ -1,7 +1,7 @@
 """The judge: one check's measured values in, a tri-state verdict with its reason out.
 
 Pure and total: whatever the adapter measured (or failed to measure) becomes a
-``CheckOutcome`` the engine counts (``machine._gate``: warm-up, failureLimit,
+``CheckOutcome`` the engine counts (``engine.gate``: warm-up, failureLimit,
 inconclusiveLimit, onNoData). The rules:
 
 - No verdict without data: a query error (Prometheus unreachable, a bad query), no value
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from proxymode.analysis.stats import mann_whitney_u
@@ -213,14 +212,3 @@ def _mann_whitney(test: MannWhitney, sample: Sample, what: str, seconds: bool) -
     return _Finding(
         Verdict.PASS, f"{band}: not significantly greater, p > alpha {test.alpha:g}: {detail}"
     )
-
-
-def round_verdict(outcomes: Iterable[CheckOutcome]) -> str:
-    """A round's verdict: Fail if any check fails, Pass only if every check passes (and
-    there is at least one), Inconclusive otherwise."""
-    verdicts = [o.verdict for o in outcomes]
-    if Verdict.FAIL in verdicts:
-        return Verdict.FAIL
-    if verdicts and all(v == Verdict.PASS for v in verdicts):
-        return Verdict.PASS
-    return Verdict.INCONCLUSIVE

@@ -28,7 +28,9 @@ ROOT_RULES = [
         "rule": (
             "!has(oldSelf.spec) || self.spec.targetMode == oldSelf.spec.targetMode"
             " || !has(self.status) || !has(self.status.phase)"
-            " || self.status.phase in ['Pending', 'RolledBack', 'Failed']"
+            " || self.status.phase in ["
+            + ", ".join(f"'{p}'" for p in models.Phase if p in models.TARGET_EDITABLE_PHASES)
+            + "]"
         ),
         "message": (
             "targetMode cannot change while a rollout is in flight or after it completed;"

@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from proxymode.api.reasons import PauseReason, RollbackReason
+
 GROUP = "proxymode.io"
 VERSION = "v1alpha1"
 KIND = "ProxyModePolicy"
@@ -32,7 +34,6 @@ MAX_STAGES = 16
 MAX_CHECKS = 16
 MAX_NODES_IN_STATUS = 10000
 MAX_HISTORY = 50
-MAX_FINDINGS = 64
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _PERCENT = re.compile(r"^([1-9][0-9]?|100)%$")
@@ -49,7 +50,6 @@ class _Model(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
-        use_enum_values=True,
     )
 
     def wire(self) -> dict[str, Any]:
@@ -60,9 +60,7 @@ class _Model(BaseModel):
 class _Status(_Model):
     """Status parts tolerate fields they do not know (written by a newer operator)."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="ignore", use_enum_values=True
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
 
 # -- enums ---------------------------------------------------------------------------------------
@@ -577,6 +575,11 @@ class Preflight(_Status):
     passed: bool = False
     checked_time: datetime | None = None
     findings: list[Finding] = Field(default_factory=list)
+    excluded_nodes: list[str] | None = Field(
+        default=None,
+        description="Nodes preflight left out because they cannot run the target mode"
+        " (incompatibleNodes: Exclude); the rollout never plans them.",
+    )
 
 
 class CheckResult(_Status):
@@ -640,7 +643,7 @@ class PolicyStatus(_Status):
     analysis: AnalysisStatus | None = None
     moves: list[Move] = Field(default_factory=list)
     backup: BackupRef | None = None
-    paused_reason: str | None = None
+    paused_reason: PauseReason | None = None
     run: int = Field(default=1, description="Which run of this policy (a retry starts the next).")
     handled_action: str | None = Field(
         default=None,
@@ -648,7 +651,12 @@ class PolicyStatus(_Status):
         " is stored, so an action is never taken twice.",
     )
     resume_phase: Phase | None = None
-    rollback_reason: str | None = None
+    rollback_reason: RollbackReason | None = Field(
+        default=None, description="Why the rollback started: a code (see rollbackMessage)."
+    )
+    rollback_message: str | None = Field(
+        default=None, description="What the rollback's reason saw, for people."
+    )
     finalized: bool | None = None
     started_time: datetime | None = None
     completed_time: datetime | None = None
@@ -656,13 +664,28 @@ class PolicyStatus(_Status):
     conditions: list[Condition] = Field(default_factory=list)
     history: list[HistoryEntry] = Field(default_factory=list)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _split_legacy_rollback_reason(cls, data: Any) -> Any:
+        """Before 0010 ``rollbackReason`` was ``"<Code>: <message>"``: read it as the pair, so a
+        policy rolling back across an operator upgrade keeps its reason."""
+        if not isinstance(data, dict):
+            return data
+        for code_key, message_key in (
+            ("rollbackReason", "rollbackMessage"),
+            ("rollback_reason", "rollback_message"),
+        ):
+            code = data.get(code_key)
+            if isinstance(code, str) and ": " in code and not data.get(message_key):
+                head, _, tail = code.partition(": ")
+                data = {**data, code_key: head, message_key: tail}
+        return data
+
 
 class ProxyModePolicy(_Model):
     """The whole object, as read from the API (metadata kept as a plain mapping)."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="ignore", use_enum_values=True
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
     api_version: str = f"{GROUP}/{VERSION}"
     kind: str = KIND

@@ -20,10 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from proxymode.api.models import Move, MoveDirection
+from proxymode.api.models import Move, MoveDirection, StagePhase
 from proxymode.engine import objects
 from proxymode.engine.actions import Action, CreateJob, DeleteObject, SetNodeMode
+from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, Object, Observed, ProxyKind
+from proxymode.engine.planner import max_unavailable_count
+from proxymode.kubeproxy import cleanup_needed
 
 
 @dataclass(frozen=True)
@@ -119,27 +122,6 @@ def _arriving(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
     return result
 
 
-def unavailable(observed: Observed, moves: list[Move], target_mode: str) -> set[str]:
-    """Nodes without a Ready kube-proxy right now: the ones maxUnavailable counts.
-
-    A node counts when it is switching, or when the pod it should run is missing or not
-    Ready. Nodes that were already broken before a move do not block moving them back.
-    """
-    out: set[str] = set()
-    for move in moves:
-        node = observed.node(move.node)
-        if node is None:
-            continue
-        if node.mode_label == SWITCHING:
-            out.add(move.node)
-            continue
-        kind = ProxyKind.TARGET if node.mode_label == target_mode else ProxyKind.SOURCE
-        pods = observed.pods_on(move.node, kind)
-        if not pods or not all(p.ready for p in pods):
-            out.add(move.node)
-    return out
-
-
 def healthy_proxy(observed: Observed, node: str, target_mode: str) -> bool:
     """True when the kube-proxy the node's label calls for runs Ready there."""
     view = observed.node(node)
@@ -152,3 +134,118 @@ def healthy_proxy(observed: Observed, node: str, target_mode: str) -> bool:
 
 def start(node: str, direction: MoveDirection, now: datetime) -> Move:
     return Move(node=node, direction=direction, since=now)
+
+
+# -- every move of a look ------------------------------------------------------------------------
+
+
+def context(look: Look) -> MoveContext:
+    source_mode = look.status.source_mode or "iptables"
+    return MoveContext(
+        policy=look.name,
+        uid=look.uid,
+        target_mode=look.target_mode,
+        needs_cleanup=cleanup_needed(source_mode, look.target_mode),
+        source_daemon_set=look.obs.source_daemon_set or {},
+        ready_timeout_seconds=look.spec.ready_timeout_seconds,
+    )
+
+
+def budget(look: Look) -> int:
+    total = sum(len(s.nodes) for s in look.status.stages)
+    return max_unavailable_count(look.spec.max_unavailable, max(total, 1))
+
+
+def labelled(look: Look, names: list[str]) -> list[str]:
+    """Of ``names``, the nodes that still carry a ``proxymode.io/mode`` label."""
+    return [n for n in names if (v := look.obs.node(n)) is not None and v.mode_label is not None]
+
+
+def adopt_orphans(look: Look, direction: MoveDirection) -> None:
+    """Nodes left at ``switching`` without a recorded move (a lost status write)."""
+    moving = {m.node for m in look.status.moves}
+    for name in look.planned():
+        node = look.obs.node(name)
+        if node is not None and node.mode_label == SWITCHING and name not in moving:
+            look.status.moves.append(start(name, direction, look.now))
+            moving.add(name)
+
+
+def drive(look: Look, direction: MoveDirection = MoveDirection.FORWARD) -> str | None:
+    """Step every move; returns the first failure, if any."""
+    adopt_orphans(look, direction)
+    ctx = context(look)
+    keep: list[Move] = []
+    failure = None
+    for move in look.status.moves:
+        result = step(move, look.obs, ctx)
+        look.actions.extend(result.actions)
+        if result.failure and failure is None:
+            failure = result.failure
+        if not result.done:
+            keep.append(move)
+    look.status.moves = keep
+    if keep:
+        look.soon(2)
+    return failure
+
+
+def start_moves(look: Look, candidates: list[str], direction: MoveDirection) -> None:
+    """Start moves for ``candidates`` in order while the budget allows.
+
+    The budget is counted from the world, not from ``status.moves`` alone, so a lost
+    status write never lets more nodes go down than ``maxUnavailable``:
+
+    - forward, every planned node without a Ready kube-proxy counts (a rollout never
+      adds outages to a cluster that already has some);
+    - back (rollback, handback), only nodes this policy is moving count: a broken canary
+      that is not moving yet has no working proxy to lose, and counting it would block
+      the very move that mends it.
+    """
+    moving = {m.node for m in look.status.moves}
+    planned = look.planned()
+    if direction == MoveDirection.FORWARD:
+        down = {n for n in planned if not healthy_proxy(look.obs, n, look.target_mode)} | moving
+    else:
+        switching = {n for n in planned if (v := look.obs.node(n)) and v.mode_label == SWITCHING}
+        down = switching | moving
+    limit = budget(look)
+    for node in candidates:
+        if node in moving or look.obs.node(node) is None:
+            continue
+        if len(down) >= limit:
+            break
+        look.status.moves.append(start(node, direction, look.now))
+        down.add(node)
+        first = step(look.status.moves[-1], look.obs, context(look))
+        look.actions.extend(first.actions)
+        look.soon(2)
+
+
+def health_failure(look: Look) -> str | None:
+    """A moved node whose target kube-proxy restarts or stays not Ready."""
+    timeout = look.spec.ready_timeout_seconds
+    moving = {m.node for m in look.status.moves}
+    for name in look.planned():
+        node = look.obs.node(name)
+        if node is None or node.mode_label != look.target_mode or name in moving:
+            continue
+        for pod in look.obs.pods_on(name):
+            where = f"kube-proxy pod {pod.name} on node {name}"
+            if pod.restarts > 0:
+                return f"{where} restarted {pod.restarts} times"
+            age = (look.now - pod.created).total_seconds() if pod.created else 0.0
+            if not pod.ready and not pod.terminating and age > timeout:
+                return f"{where} is not Ready {age:.0f}s after it started"
+    return None
+
+
+def forward_todo(look: Look, started_only: bool = True) -> list[str]:
+    """Planned nodes (of started stages) not yet on the target mode."""
+    stages = [s for s in look.status.stages if not started_only or s.phase != StagePhase.PENDING]
+    return [
+        n
+        for s in stages
+        for n in s.nodes
+        if (node := look.obs.node(n)) is not None and node.mode_label != look.target_mode
+    ]

@@ -28,43 +28,19 @@ import requests
 from kubernetes import client
 
 from proxymode.analysis import Sample, group_query, judge, node_matcher, per_node_query
-from proxymode.api.models import Analysis, Check, Phase, ProxyModePolicy, SecretKeyRef, StagePhase
+from proxymode.api.models import Analysis, Check, ProxyModePolicy, SecretKeyRef
+from proxymode.engine import gate
+from proxymode.engine.gate import round_due
 from proxymode.engine.observed import AnalysisRound, CheckOutcome, Observed
 
 OPERATOR_NAMESPACE_ENV = "POD_NAMESPACE"
-
-
-def round_due(policy: ProxyModePolicy, now: datetime) -> bool:
-    """A round is due while the current stage bakes (or waits for data), every interval."""
-    analysis, status = policy.spec.analysis, policy.status
-    waiting_for_data = status.phase == Phase.PAUSED and status.paused_reason == "NoData"
-    if analysis is None or (
-        status.phase not in (Phase.PROGRESSING, Phase.ANALYZING) and not waiting_for_data
-    ):
-        return False
-    index = status.current_stage
-    if index is None or not (0 <= index < len(status.stages)):
-        return False
-    if status.stages[index].phase != StagePhase.BAKING:
-        return False
-    last = status.analysis.last_round_time if status.analysis else None
-    return last is None or (now - last).total_seconds() >= analysis.interval_seconds
+__all__ = ["Prometheus", "groups", "measure", "round_due", "run_round"]
 
 
 def groups(policy: ProxyModePolicy, observed: Observed) -> tuple[list[str], list[str]]:
-    """(canary, baseline): planned nodes on the target mode, and those still on the source."""
-    mode = str(policy.spec.target_mode)
-    planned = [n for s in policy.status.stages for n in s.nodes]
-    canary, baseline = [], []
-    for name in planned:
-        node = observed.node(name)
-        if node is None:
-            continue
-        if node.mode_label == mode:
-            canary.append(name)
-        elif node.mode_label is None:
-            baseline.append(name)
-    return canary, baseline
+    """(canary, baseline), as the pure gate forms them."""
+    formed = gate.groups(policy, observed)
+    return formed.canary, formed.baseline
 
 
 class Prometheus:

@@ -96,7 +96,8 @@ def test_passing_rounds_promote_every_stage() -> None:
 def test_failed_rounds_roll_back_at_the_failure_limit() -> None:
     done = drive(policy_with(), lambda _: Sample(1.84))
     assert done.status.phase == Phase.ROLLED_BACK
-    assert done.status.rollback_reason == "AnalysisFailed: checks failing 2 rounds in a row: sync"
+    assert done.status.rollback_reason == "AnalysisFailed"
+    assert done.status.rollback_message == "checks failing 2 rounds in a row: sync"
     analysis = done.status.analysis
     assert analysis is not None and (analysis.rounds, analysis.consecutive_failures) == (2, 2)
     assert [(c.verdict, c.canary, c.message) for c in analysis.checks] == [

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from proxymode.analysis.judge import Sample, judge, round_verdict
+from proxymode.analysis.judge import Sample, judge
 from proxymode.api.models import Check, Verdict
+from proxymode.engine.gate import round_verdict
 from proxymode.engine.observed import CheckOutcome
 
 PASS, FAIL, INCONCLUSIVE = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE

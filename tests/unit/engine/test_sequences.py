@@ -232,9 +232,9 @@ def test_crash_looping_canaries_roll_back_automatically_with_a_reason() -> None:
     run.until(terminal)
     st = run.policy.status
     assert st.phase == Phase.ROLLED_BACK
-    assert (st.rollback_reason and "restarted" in st.rollback_reason) or "not Ready" in (
-        st.rollback_reason or ""
-    )
+    assert st.rollback_reason == "KubeProxyUnhealthy"
+    message = st.rollback_message or ""
+    assert "restarted" in message or "not Ready" in message
     assert {c.type: c.status for c in st.conditions}["Degraded"] == "True"
     assert run.phases()[-2:] == ["RollingBack", "RolledBack"]
     sim.crashloop_target = False

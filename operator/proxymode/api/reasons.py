@@ -1,0 +1,117 @@
+"""Every reason the operator writes: status fields, history entries and Events. One place.
+
+Reasons are codes, stable across releases: tools match on them (the Argo CD health Lua,
+alerts on ``kubectl get events``), so a reason is never a sentence and a sentence is never
+a reason. The human part goes in a separate message field next to it.
+
+- ``PauseReason``: ``status.pausedReason``; why the rollout waits for a person (or for
+  data). The history entry and Event of the pause are ``Paused<reason>``.
+- ``RollbackReason``: ``status.rollbackReason``; why a rollback started. The message is
+  ``status.rollbackMessage``.
+- ``FailureReason``: the reason of the ``Failed`` history entry and its Event; the run
+  stopped and needs a person (``retry`` or a fix).
+- ``EventReason``: every other Event and history reason (steps of a healthy rollout).
+- ``ConditionReason``: the reasons of the conditions that are not a phase or a pause.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class PauseReason(StrEnum):
+    SPEC = "Spec"
+    """``spec.paused`` is true; clearing it resumes."""
+    PLAN_CHANGED = "PlanChanged"
+    """The stage plan changed mid-rollout; ``resume`` adopts the new plan, ``abort`` rolls back."""
+    NO_DATA = "NoData"
+    """``inconclusiveLimit`` rounds without data and ``onNoData: Pause``; resumes by itself
+    when the checks answer again."""
+    ANALYSIS_FAILED = "AnalysisFailed"
+    """``failureLimit`` failing rounds with ``rollback.automatic: false``."""
+    KUBE_PROXY_UNHEALTHY = "KubeProxyUnhealthy"
+    """A moved kube-proxy restarts or stays not Ready, with ``rollback.automatic: false``."""
+    FINALIZE_STUCK = "FinalizeStuck"
+    """Handing a node back to the source DaemonSet failed during Finalizing."""
+
+
+class RollbackReason(StrEnum):
+    ABORTED = "Aborted"
+    """A person annotated ``proxymode.io/action=abort``."""
+    RETRY = "Retry"
+    """A person asked for ``retry`` of a failed run that had changed something: walk it back,
+    then start the next run."""
+    POLICY_DELETED = "PolicyDeleted"
+    """The policy is being deleted before it finalized: every node goes back."""
+    KUBE_PROXY_UNHEALTHY = "KubeProxyUnhealthy"
+    """A moved kube-proxy restarts or stays not Ready (``readyTimeoutSeconds``)."""
+    ANALYSIS_FAILED = "AnalysisFailed"
+    """``failureLimit`` analysis rounds in a row failed."""
+    NO_DATA = "NoData"
+    """``inconclusiveLimit`` rounds without data and ``onNoData: Rollback``."""
+
+
+# A rollback a person asked for is expected (Argo CD shows it as Progressing, not Degraded).
+REQUESTED_ROLLBACKS = frozenset({RollbackReason.ABORTED, RollbackReason.RETRY})
+
+
+class FailureReason(StrEnum):
+    PREFLIGHT_FAILED = "PreflightFailed"
+    """A preflight check found an Error; nothing was changed."""
+    STALE_CHANGES = "StaleChanges"
+    """A retry found a previous run's changes still in place."""
+    BACKUP_LOST = "BackupLost"
+    """The snapshot ConfigMap was deleted after the run changed something."""
+    SOURCE_MISSING = "SourceMissing"
+    """The source kube-proxy DaemonSet or ConfigMap disappeared mid-rollout."""
+    TARGET_CONFIG_INVALID = "TargetConfigInvalid"
+    """The target configuration cannot be rendered from the snapshot."""
+    ROLLBACK_STUCK = "RollbackStuck"
+    """A node cannot be moved back (its cleanup Job failed, its kube-proxy never Ready)."""
+    FINALIZE_BLOCKED = "FinalizeBlocked"
+    """Finalizing cannot start: the snapshot or the source objects are missing, or the final
+    configuration cannot be rendered."""
+
+
+class EventReason(StrEnum):
+    PREFLIGHT_STARTED = "PreflightStarted"
+    ROLLOUT_STARTED = "RolloutStarted"
+    STAGE_STARTED = "StageStarted"
+    STAGE_PROGRESSING = "StageProgressing"
+    STAGE_BAKING = "StageBaking"
+    STAGE_COMPLETED = "StageCompleted"
+    STAGE_PROMOTED = "StagePromoted"
+    STAGE_ROLLING_BACK = "StageRollingBack"
+    NODE_JOINED = "NodeJoined"
+    """A node joined a started selector (or 100 %) stage."""
+    PLAN_ADOPTED = "PlanAdopted"
+    RESUMED = "Resumed"
+    DATA_RETURNED = "DataReturned"
+    """The metric checks answer again after a NoData pause."""
+    ANALYSIS_ROUND_FAILED = "AnalysisRoundFailed"
+    """A counted round with a failing check (Warning), before ``failureLimit`` is reached."""
+    ANALYSIS_ROUND_INCONCLUSIVE = "AnalysisRoundInconclusive"
+    """A counted round without a verdict (Warning), before ``inconclusiveLimit``."""
+    PROMOTE_REQUESTED = "PromoteRequested"
+    PROMOTE_IGNORED = "PromoteIgnored"
+    """``promote`` outside a bake: refused out loud, not remembered."""
+    UNKNOWN_ACTION = "UnknownAction"
+    RETRY = "Retry"
+    ROLLBACK_STARTED = "RollbackStarted"
+    ROLLED_BACK = "RolledBack"
+    FINALIZING = "Finalizing"
+    COMPLETED = "Completed"
+    FORBIDDEN = "Forbidden"
+    """The operator may not read what the policy needs (RBAC); nothing was changed."""
+
+
+class ConditionReason(StrEnum):
+    HEALTHY = "Healthy"
+    NOT_PAUSED = "NotPaused"
+    NOT_ROLLED_BACK = "NotRolledBack"
+    PAUSED = "Paused"
+
+
+def paused_event(reason: PauseReason | str) -> str:
+    """The history and Event reason of a pause: ``Paused<reason>``."""
+    return f"Paused{reason}"

@@ -1,0 +1,101 @@
+"""The one-shot ``proxymode.io/action`` annotation: abort, resume, promote, retry.
+
+Two looks: the first acts and stores ``handled_action``; the next (which sees that stored)
+removes the annotation. A lost status write makes the first look happen again, which is
+safe; the annotation is never removed before the action is stored.
+"""
+
+from __future__ import annotations
+
+from proxymode.api.models import HistoryEntry, Phase, PolicyStatus
+from proxymode.api.reasons import EventReason, PauseReason, RollbackReason
+from proxymode.engine.actions import ClearAction
+from proxymode.engine.look import TERMINAL, Look
+from proxymode.engine.setup import changed_anything
+from proxymode.engine.stages import adopt_new_plan
+
+ACTIONS = ("promote", "abort", "retry", "resume")
+
+
+def consume_action(look: Look) -> None:
+    """Act on the one-shot annotation once, then remove it."""
+    action = look.obs.action
+    if not action:
+        look.status.handled_action = None
+        return
+    if look.status.handled_action == action:
+        look.actions.append(ClearAction(action))
+        return
+    look.status.handled_action = action
+    phase = look.status.phase
+    if action == "abort" and phase not in TERMINAL | {Phase.ROLLING_BACK}:
+        look.start_rollback(RollbackReason.ABORTED, "aborted by the proxymode.io/action annotation")
+    elif action == "resume" and phase == Phase.PAUSED:
+        resume(look)
+    elif action == "promote":
+        promote_by_hand(look)
+    elif action == "retry" and phase in (Phase.FAILED, Phase.ROLLED_BACK):
+        retry(look)
+    elif action not in ACTIONS:
+        look.event(
+            EventReason.UNKNOWN_ACTION,
+            f"ignored proxymode.io/action={action!r}; use {', '.join(ACTIONS)}",
+            warning=True,
+        )
+
+
+def promote_by_hand(look: Look) -> None:
+    """Skip the rest of the current stage's bake and gate, only while it bakes.
+
+    Anywhere else a promote would mean nothing (nodes are still moving, or nothing is in
+    flight), so it is refused out loud rather than remembered for later.
+    """
+    st = look.status
+    baking = st.phase == Phase.ANALYZING or (
+        st.phase == Phase.PAUSED and st.resume_phase == Phase.ANALYZING
+    )
+    if not baking or look.spec.paused:
+        why = "spec.paused is true" if look.spec.paused else f"the phase is {st.phase}"
+        look.event(
+            EventReason.PROMOTE_IGNORED,
+            f"promote acts only while a stage bakes (Analyzing); ignored: {why}",
+            warning=True,
+        )
+        return
+    look.force_promote = True
+    look.event(EventReason.PROMOTE_REQUESTED, f"stage {look.stage_name()} promoted by hand")
+
+
+def resume(look: Look) -> None:
+    if look.spec.paused:
+        look.status.message = "cannot resume while spec.paused is true"
+        return
+    if look.status.paused_reason == PauseReason.PLAN_CHANGED:
+        adopt_new_plan(look)
+    if look.status.paused_reason == PauseReason.NO_DATA and look.status.analysis is not None:
+        # A person chose to go on: the no-data count starts again, or the very next
+        # inconclusive round would pause once more.
+        look.status.analysis.consecutive_inconclusive = 0
+    target = look.status.resume_phase or Phase.PROGRESSING
+    look.status.paused_reason = None
+    look.status.resume_phase = None
+    look.transition(target, EventReason.RESUMED, f"resumed in phase {target}")
+
+
+def retry(look: Look) -> None:
+    if look.status.phase == Phase.FAILED and changed_anything(look):
+        # Something was changed before the failure: walk it back first, then start over.
+        look.start_rollback(RollbackReason.RETRY, "retry: rolling back what the failed run changed")
+        return
+    look.status = PolicyStatus(
+        history=look.status.history,
+        handled_action=look.status.handled_action,
+        run=look.status.run + 1,
+    )
+    look.status.history.append(
+        HistoryEntry(
+            time=look.now, phase=Phase.PENDING, reason=EventReason.RETRY, message="retrying"
+        )
+    )
+    look.event(EventReason.RETRY, "retrying from preflight")
+    look.status.message = "retrying from preflight"

@@ -1,0 +1,81 @@
+"""Finalizing: write the target mode into the source ConfigMap, hand every node back to the
+source DaemonSet, delete the target pair, restore the source's own affinity and strategy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from proxymode.api.models import MoveDirection, Phase
+from proxymode.api.reasons import EventReason, FailureReason, PauseReason
+from proxymode.engine import moves, objects
+from proxymode.engine.look import Look
+from proxymode.engine.observed import Object
+from proxymode.engine.restore import (
+    delete_target_pair,
+    patch_config_data,
+    restore_source_spec,
+    rolled_out,
+)
+from proxymode.engine.setup import kube_proxy_version
+from proxymode.kubeproxy import ConfigError, parse_config, with_mode
+
+
+def look(lk: Look) -> Phase | None:
+    backup = lk.obs.backup
+    src_ds, src_cm = lk.obs.source_daemon_set, lk.obs.source_config_map
+    if backup is None or src_ds is None or src_cm is None:
+        lk.fail(FailureReason.FINALIZE_BLOCKED, "the backup or the source objects are missing")
+        return None
+    key = lk.spec.kube_proxy.config_key
+    original = objects.original_config_data(backup)
+    try:
+        final = with_mode(
+            parse_config(original[key]),
+            lk.target_mode,
+            version=kube_proxy_version(lk),
+            overrides=lk.spec.config_overrides,
+        ).to_yaml()
+    except (ConfigError, KeyError) as e:
+        lk.fail(FailureReason.FINALIZE_BLOCKED, f"cannot render the final configuration: {e}")
+        return None
+    desired = {**original, key: final}
+    if not patch_config_data(
+        lk, src_cm, desired, f"write mode {lk.spec.target_mode} into the source ConfigMap"
+    ):
+        lk.requeue = 1
+        return None
+    failure = moves.drive(lk, MoveDirection.HANDBACK)
+    if failure:
+        lk.pause(PauseReason.FINALIZE_STUCK, failure)
+        return None
+    labelled = moves.labelled(lk, lk.planned())
+    if labelled or lk.status.moves:
+        moves.start_moves(lk, labelled, MoveDirection.HANDBACK)
+        lk.status.message = f"handing {len(labelled)} nodes back to the source DaemonSet"
+        lk.requeue = 2
+        return None
+    if _restore_source(lk, backup, src_ds):
+        lk.status.finalized = True
+        lk.status.completed_time = lk.now
+        lk.transition(
+            Phase.COMPLETED,
+            EventReason.COMPLETED,
+            f"every node runs {lk.spec.target_mode} from the source DaemonSet",
+        )
+        lk.requeue = 1  # the next look tidies up the snapshot
+    return None
+
+
+def _restore_source(lk: Look, backup: Mapping[str, str], src_ds: Object) -> bool:
+    if not delete_target_pair(lk):
+        return False
+    if not restore_source_spec(
+        lk, src_ds, backup, "restore the source DaemonSet's own affinity and update strategy"
+    ):
+        lk.status.message = "restoring the source DaemonSet: one rolling restart follows"
+        return False
+    if not rolled_out(src_ds):
+        lk.status.message = "waiting for the source DaemonSet's rolling restart"
+        lk.requeue = 2
+        return False
+    return True

@@ -1,0 +1,62 @@
+"""Pending / Preflight: check the cluster, plan the stages, start the rollout (DESIGN §6)."""
+
+from __future__ import annotations
+
+from proxymode.api.models import Phase, Preflight, Severity, StageStatus
+from proxymode.api.reasons import EventReason, FailureReason
+from proxymode.engine import naming
+from proxymode.engine.actions import DeleteObject
+from proxymode.engine.look import Look
+from proxymode.engine.objects import BACKUP_RUN
+from proxymode.engine.planner import plan_hash, plan_stages
+from proxymode.engine.preflight import run_preflight
+from proxymode.engine.setup import changed_anything
+from proxymode.engine.stages import eligible
+
+
+def look(lk: Look) -> Phase | None:
+    stale = lk.obs.backup is not None and lk.obs.backup.get(BACKUP_RUN) != str(lk.status.run)
+    if stale:
+        # A snapshot from an earlier run of this policy (a retry): the world was put back
+        # from it; take a fresh one, never reuse a stale one. (A snapshot of this run means
+        # the first status write was lost: go on with it.)
+        if changed_anything(lk):
+            lk.fail(
+                FailureReason.STALE_CHANGES,
+                "a previous run's changes are still in place; abort (roll back) before retrying",
+            )
+            return None
+        ns, name = lk.spec.kube_proxy.namespace, naming.backup_config_map(lk.name)
+        lk.actions.append(DeleteObject("v1", "ConfigMap", ns, name))
+        lk.requeue = 1
+        return None
+    lk.status.started_time = lk.status.started_time or lk.now
+    lk.transition(Phase.PREFLIGHT, EventReason.PREFLIGHT_STARTED, "checking the cluster")
+    result = run_preflight(lk.spec, lk.obs)
+    lk.status.preflight = Preflight(
+        passed=result.passed,
+        checked_time=lk.now,
+        findings=list(result.findings),
+        excluded_nodes=list(result.excluded),
+    )
+    lk.status.baseline = result.baseline
+    lk.status.source_mode = result.source_mode
+    lk.status.target_mode = lk.target_mode
+    if not result.passed:
+        errors = [f.message for f in result.findings if f.severity == Severity.ERROR]
+        lk.fail(FailureReason.PREFLIGHT_FAILED, "; ".join(errors))
+        return None
+    nodes = eligible(lk)
+    plan = plan_stages(lk.spec.stages, nodes)
+    lk.status.stages = [
+        StageStatus(name=s.name, nodes=p) for s, p in zip(lk.spec.stages, plan, strict=True)
+    ]
+    lk.status.plan_hash = plan_hash(lk.spec)
+    lk.status.current_stage = 0
+    lk.transition(
+        Phase.PROGRESSING,
+        EventReason.ROLLOUT_STARTED,
+        f"moving {sum(len(p) for p in plan)} of {len(nodes)} eligible nodes from"
+        f" {result.source_mode} to {lk.spec.target_mode} in {len(plan)} stages",
+    )
+    return Phase.PROGRESSING

@@ -1,0 +1,45 @@
+"""Completed and RolledBack, once stored: tidy up, keep mixed mode going, start a retry."""
+
+from __future__ import annotations
+
+from proxymode.api.models import MoveDirection, Phase
+from proxymode.api.reasons import RollbackReason
+from proxymode.engine import moves, naming
+from proxymode.engine.actions import DeleteObject
+from proxymode.engine.commands import retry
+from proxymode.engine.look import Look
+from proxymode.engine.stages import refresh_plan
+
+
+def look(lk: Look) -> Phase | None:
+    if lk.status.phase == Phase.COMPLETED and not lk.status.finalized:
+        _keep_mixed_mode(lk)
+    if lk.status.phase not in (Phase.ROLLED_BACK, Phase.COMPLETED):
+        return None
+    _drop_backup(lk)
+    if lk.status.phase == Phase.ROLLED_BACK and lk.status.rollback_reason == RollbackReason.RETRY:
+        # A retry of a failed run walked it back first; now the new run starts, without
+        # asking a second time.
+        retry(lk)
+    return None
+
+
+def _keep_mixed_mode(lk: Look) -> None:
+    """A finished mixed-mode policy still moves newcomers that join its pools."""
+    refresh_plan(lk)
+    failure = moves.drive(lk)
+    if failure:
+        lk.status.message = failure
+    moves.start_moves(lk, moves.forward_todo(lk, started_only=False), MoveDirection.FORWARD)
+    lk.requeue = 2 if lk.status.moves else 60
+
+
+def _drop_backup(lk: Look) -> None:
+    """Delete the snapshot once a stored terminal phase says nothing needs it any more."""
+    if lk.status.phase == Phase.COMPLETED and not lk.status.finalized:
+        return  # mixed mode: deleting the policy later rolls back from it
+    if lk.obs.backup is not None:
+        ns, name = lk.spec.kube_proxy.namespace, naming.backup_config_map(lk.name)
+        lk.actions.append(DeleteObject("v1", "ConfigMap", ns, name))
+    else:
+        lk.status.backup = None

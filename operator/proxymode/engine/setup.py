@@ -1,0 +1,144 @@
+"""Setting a rollout up, every look: the snapshot, the target pair, the source patch.
+
+Idempotent: each look compares what exists with what should, and asks only for the
+difference, so a lost write or a restart between two actions is harmless.
+"""
+
+from __future__ import annotations
+
+from proxymode.api.models import BackupRef
+from proxymode.api.reasons import FailureReason
+from proxymode.engine import naming, objects
+from proxymode.engine.actions import ApplyObject, PatchObject, SaveBackup
+from proxymode.engine.look import Look
+from proxymode.engine.restore import generation_observed, template_hash
+from proxymode.kubeproxy import (
+    ConfigError,
+    KubeVersion,
+    parse_config,
+    parse_version,
+    render_target_config,
+)
+
+
+def changed_anything(look: Look) -> bool:
+    """Evidence in the world that this run already changed something."""
+    src = look.obs.source_daemon_set
+    return (
+        (src is not None and objects.source_is_patched(src, look.target_mode))
+        or look.obs.target_daemon_set is not None
+        or any(n.mode_label is not None for n in look.obs.nodes)
+    )
+
+
+def backup(look: Look) -> dict[str, str] | None:
+    """The snapshot, saving it first when this run has none yet."""
+    namespace = look.spec.kube_proxy.namespace
+    name = naming.backup_config_map(look.name)
+    if look.obs.backup is not None:
+        look.status.backup = BackupRef(namespace=namespace, name=name)
+        return dict(look.obs.backup)
+    if look.status.backup is not None and changed_anything(look):
+        look.fail(
+            FailureReason.BACKUP_LOST,
+            f"the backup ConfigMap {look.status.backup.namespace}/{look.status.backup.name}"
+            " was deleted; restore it or roll back by hand",
+        )
+        return None
+    src_ds, src_cm = look.obs.source_daemon_set, look.obs.source_config_map
+    if src_ds is None or src_cm is None:
+        return None
+    labels = {n.name: n.mode_label for n in look.obs.nodes}
+    data = objects.backup_data(src_ds, src_cm, labels, look.status.run)
+    look.actions.append(SaveBackup(objects.backup_object(look.name, look.uid, namespace, data)))
+    look.status.backup = BackupRef(namespace=namespace, name=name)
+    return data
+
+
+def kube_proxy_version(look: Look) -> KubeVersion | None:
+    baseline = look.status.baseline
+    text = baseline.kube_proxy_version if baseline else None
+    try:
+        return parse_version(text) if text else None
+    except ValueError:
+        return None
+
+
+def target_text(look: Look, snapshot: dict[str, str]) -> str | None:
+    original = objects.original_config_data(snapshot)
+    key = look.spec.kube_proxy.config_key
+    try:
+        rendered = render_target_config(
+            parse_config(original[key]),
+            look.target_mode,
+            version=kube_proxy_version(look),
+            overrides=look.spec.config_overrides,
+        )
+    except (ConfigError, KeyError) as e:
+        look.fail(
+            FailureReason.TARGET_CONFIG_INVALID, f"cannot render the target configuration: {e}"
+        )
+        return None
+    return rendered.text
+
+
+def ensure_setup(look: Look) -> bool:
+    """Backup, target ConfigMap and DaemonSet, source patch. True once all are in place."""
+    src_ds, src_cm = look.obs.source_daemon_set, look.obs.source_config_map
+    if src_ds is None or src_cm is None:
+        look.fail(
+            FailureReason.SOURCE_MISSING,
+            f"the source kube-proxy DaemonSet or ConfigMap in {look.spec.kube_proxy.namespace}"
+            " disappeared mid-rollout",
+        )
+        return False
+    snapshot = backup(look)
+    if snapshot is None:
+        return False
+    text = target_text(look, snapshot)
+    if text is None:
+        return False
+    mode = look.target_mode
+    original = {"metadata": src_ds["metadata"], "spec": objects.original_spec(snapshot)}
+    desired_cm = objects.target_config_map(
+        look.name,
+        look.uid,
+        src_cm,
+        config_key=look.spec.kube_proxy.config_key,
+        target_text=text,
+        mode=mode,
+    )
+    desired_cm["data"] = {
+        **objects.original_config_data(snapshot),
+        look.spec.kube_proxy.config_key: text,
+    }
+    desired_ds = objects.target_daemon_set(
+        look.name,
+        look.uid,
+        original,
+        source_config_map=look.spec.kube_proxy.config_map,
+        mode=mode,
+        target_config_text=text,
+    )
+    ready = True
+    if (look.obs.target_config_map or {}).get("data") != desired_cm["data"]:
+        look.actions.append(ApplyObject(desired_cm))
+        ready = False
+    if template_hash(look.obs.target_daemon_set) != template_hash(desired_ds):
+        look.actions.append(ApplyObject(desired_ds))
+        ready = False
+    if not objects.source_is_patched(src_ds, mode):
+        look.actions.append(
+            PatchObject(
+                "apps/v1",
+                "DaemonSet",
+                src_ds["metadata"]["namespace"],
+                src_ds["metadata"]["name"],
+                objects.spec_patch(src_ds, objects.source_patched_spec(src_ds["spec"], mode)),
+                why="keep the source kube-proxy off target and switching nodes; OnDelete",
+            )
+        )
+        ready = False
+    elif not generation_observed(src_ds):
+        ready = False
+    return ready

@@ -1,0 +1,127 @@
+"""The plan as the status holds it: eligible nodes, newcomers, starting a stage, plan changes.
+
+``status.stages`` is planned once at preflight; later looks only keep it current: deleted
+nodes drop out, nodes that join a started selector (or 100 %) stage are taken, and a plan
+edit is adopted on resume without forgetting what already moved.
+"""
+
+from __future__ import annotations
+
+from proxymode.api.models import AnalysisStatus, Phase, Preflight, Severity, StagePhase, StageStatus
+from proxymode.api.reasons import EventReason
+from proxymode.engine.look import Look
+from proxymode.engine.planner import PlanNode, plan_hash, plan_stages, selector_matches
+from proxymode.engine.preflight import KERNEL_TOO_OLD, eligible_nodes
+
+
+def excluded(preflight: Preflight | None) -> set[str]:
+    """The nodes preflight left out (they cannot run the target mode).
+
+    Read from the result preflight stored; a status written before ``excludedNodes``
+    existed falls back to the KernelTooOld warning's node list.
+    """
+    if preflight is None:
+        return set()
+    if preflight.excluded_nodes is not None:
+        return set(preflight.excluded_nodes)
+    return {
+        n
+        for f in preflight.findings
+        if f.code == KERNEL_TOO_OLD and f.severity == Severity.WARNING
+        for n in f.nodes
+    }
+
+
+def eligible(look: Look) -> list[PlanNode]:
+    source = look.obs.source_daemon_set
+    if source is None:
+        return []
+    left_out = excluded(look.status.preflight)
+    return [
+        PlanNode(n.name, n.labels, n.zone)
+        for n in eligible_nodes(look.spec, source, look.obs.nodes)
+        if n.name not in left_out
+    ]
+
+
+def refresh_plan(look: Look) -> None:
+    """Drop deleted nodes; let started selector (or 100%) stages take newcomers."""
+    present = {n.name for n in look.obs.nodes}
+    for stage in look.status.stages:
+        stage.nodes = [n for n in stage.nodes if n in present]
+    planned = set(look.planned())
+    for node in eligible(look):
+        if node.name in planned:
+            continue
+        for spec_stage, stage in zip(look.spec.stages, look.status.stages, strict=False):
+            if stage.phase == StagePhase.PENDING:
+                break
+            takes = spec_stage.node_selector is not None or spec_stage.percent == 100
+            if takes and selector_matches(spec_stage.node_selector, node.labels):
+                stage.nodes.append(node.name)
+                planned.add(node.name)
+                look.event(EventReason.NODE_JOINED, f"node {node.name} joined stage {stage.name}")
+                break
+
+
+def _fixed(stages: list[StageStatus]) -> dict[int, list[str]]:
+    return {i: s.nodes for i, s in enumerate(stages) if s.phase != StagePhase.PENDING}
+
+
+def start_stage(look: Look, index: int) -> None:
+    plan = plan_stages(look.spec.stages, eligible(look), _fixed(look.status.stages))
+    stage = look.status.stages[index]
+    stage.nodes = plan[index]
+    stage.phase = StagePhase.PROGRESSING
+    stage.started_time = look.now
+    stage.nodes_done = 0
+    look.status.current_stage = index
+    look.status.analysis = AnalysisStatus() if look.spec.analysis else None
+    look.event(EventReason.STAGE_STARTED, f"stage {stage.name}: moving {nodes(len(stage.nodes))}")
+
+
+def adopt_new_plan(look: Look) -> None:
+    """Resume after a plan change: started stages keep their nodes, the rest re-plan."""
+    old = {s.name: s for s in look.status.stages if s.phase != StagePhase.PENDING}
+    stages = []
+    for spec_stage in look.spec.stages:
+        kept = old.pop(spec_stage.name, None)
+        stages.append(kept or StageStatus(name=spec_stage.name))
+    orphans = [n for s in old.values() for n in s.nodes]
+    look.status.stages = stages
+    plan = plan_stages(look.spec.stages, eligible(look), _fixed(stages))
+    for i, stage in enumerate(stages):
+        if stage.phase == StagePhase.PENDING:
+            stage.nodes = plan[i]
+    current = next(
+        (i for i, s in enumerate(stages) if s.phase != StagePhase.COMPLETED), len(stages) - 1
+    )
+    # Nodes moved by a stage the new plan dropped stay recorded, so rollback finds them.
+    stages[current].nodes = [
+        *stages[current].nodes,
+        *[n for n in orphans if n not in stages[current].nodes],
+    ]
+    look.status.current_stage = current
+    look.status.plan_hash = plan_hash(look.spec)
+    look.status.resume_phase = Phase.PROGRESSING
+    look.event(
+        EventReason.PLAN_ADOPTED, f"resumed with the new plan at stage {stages[current].name}"
+    )
+
+
+def covers_every_node(look: Look) -> bool:
+    """Finalize only when no node the source DaemonSet runs on stays on the source mode."""
+    source = look.obs.source_daemon_set
+    if source is None:
+        return False
+    every = {
+        n.name
+        for n in eligible_nodes(
+            look.spec.model_copy(update={"node_selector": None}), source, look.obs.nodes
+        )
+    }
+    return every <= set(look.planned())
+
+
+def nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"

@@ -1,0 +1,107 @@
+"""The summary fields and conditions, derived at the end of every look from status and world.
+
+``Degraded`` says what was observed, not only which phase the rollout is in: a failed run,
+a rollback (with its code), a breach that paused the rollout, a moved kube-proxy that is
+unhealthy right now, or a counted analysis round that failed. Its reason is the code of
+what was seen, its message the detail.
+"""
+
+from __future__ import annotations
+
+from proxymode.api.models import Condition, Phase
+from proxymode.api.reasons import ConditionReason, EventReason, PauseReason
+from proxymode.engine.look import Look
+from proxymode.engine.moves import health_failure
+
+IN_FLIGHT = frozenset(
+    {Phase.PREFLIGHT, Phase.PROGRESSING, Phase.ANALYZING, Phase.FINALIZING, Phase.ROLLING_BACK}
+)
+BREACH_PAUSES = frozenset(
+    {PauseReason.ANALYSIS_FAILED, PauseReason.KUBE_PROXY_UNHEALTHY, PauseReason.FINALIZE_STUCK}
+)
+
+
+def derive_summary(look: Look) -> None:
+    st = look.status
+    st.observed_generation = look.obs.generation
+    st.current_stage_name = look.stage_name()
+    planned = look.planned()
+    moved = [n for n in planned if look.at_target(n)]
+    if st.phase == Phase.FINALIZING or (st.phase == Phase.COMPLETED and st.finalized):
+        # Finalizing hands nodes back to the source DaemonSet, now in the target mode:
+        # count those, so the figure keeps rising to n/n.
+        moved = [n for n in planned if (v := look.obs.node(n)) and v.mode_label is None]
+    st.node_progress = f"{len(moved)}/{len(planned)}" if planned else None
+    set_conditions(look)
+
+
+def degraded(look: Look) -> tuple[str, str] | None:
+    """(reason, message) of what was observed going wrong, or None when nothing was."""
+    st = look.status
+    phase = st.phase
+    if phase == Phase.FAILED:
+        last = st.history[-1].reason if st.history else "Failed"
+        return last, st.message or ""
+    if phase in (Phase.ROLLING_BACK, Phase.ROLLED_BACK) and st.rollback_reason is not None:
+        return str(st.rollback_reason), st.rollback_message or st.message or ""
+    if phase == Phase.PAUSED and st.paused_reason in BREACH_PAUSES:
+        return str(st.paused_reason), st.message or ""
+    if phase in IN_FLIGHT | {Phase.PAUSED}:
+        unhealthy = health_failure(look)
+        if unhealthy:
+            return str(PauseReason.KUBE_PROXY_UNHEALTHY), unhealthy
+        if st.analysis is not None and st.analysis.consecutive_failures > 0:
+            return (
+                str(EventReason.ANALYSIS_ROUND_FAILED),
+                f"{st.analysis.consecutive_failures} failing analysis rounds in a row",
+            )
+    return None
+
+
+def set_conditions(look: Look) -> None:
+    st = look.status
+    phase = Phase(st.phase)
+    message = st.message or ""
+    bad = degraded(look)
+    paused = phase == Phase.PAUSED
+    wanted = {
+        "Ready": (phase == Phase.COMPLETED, str(phase), message),
+        "Progressing": (phase in IN_FLIGHT, str(phase), message),
+        "Paused": (
+            paused,
+            str(
+                st.paused_reason
+                or (ConditionReason.PAUSED if paused else ConditionReason.NOT_PAUSED)
+            ),
+            message,
+        ),
+        "Degraded": (
+            bad is not None,
+            bad[0] if bad else str(ConditionReason.HEALTHY),
+            bad[1] if bad else message,
+        ),
+        "RolledBack": (
+            phase == Phase.ROLLED_BACK,
+            str(
+                Phase.ROLLED_BACK if phase == Phase.ROLLED_BACK else ConditionReason.NOT_ROLLED_BACK
+            ),
+            message,
+        ),
+    }
+    current = {c.type: c for c in st.conditions}
+    result = []
+    for kind, (true, reason, text) in wanted.items():
+        value = "True" if true else "False"
+        old = current.get(kind)
+        since = old.last_transition_time if old is not None and old.status == value else look.now
+        result.append(
+            Condition(
+                type=kind,
+                status=value,
+                reason=reason,
+                message=text,
+                last_transition_time=since,
+                observed_generation=look.obs.generation,
+            )
+        )
+    st.conditions = result
