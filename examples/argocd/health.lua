@@ -14,8 +14,9 @@
 --    started it on its own (AnalysisFailed, KubeProxyUnhealthy, NoData with
 --    onNoData: Rollback): the migration failed its gates. The engine's Degraded
 --    condition is True for every rollback; this rule is the one place that reads finer.
--- 3. A condition of type Degraded with status True: Degraded. The engine sets it in
---    Failed, RollingBack and RolledBack; a newer operator may set it elsewhere.
+-- 3. A condition of type Degraded with status True: Degraded. The engine sets it from
+--    what it observed: Failed, a rollback, a pause on a failed gate, and a moved
+--    kube-proxy that is unhealthy now (also in Completed, mixed mode).
 -- 4. By phase:
 --      Completed                                   Healthy (finalized or mixed mode)
 --      Pending, Preflight, Progressing, Analyzing,
@@ -32,7 +33,7 @@
 -- 5. Any other phase (from a newer operator): Unknown.
 --
 -- The message is status.message (the engine's own summary), with the pausedReason in
--- front when paused.
+-- front when paused. status.rollbackMessage says what the rollback's reason saw.
 
 local hs = {}
 local status = obj.status
@@ -46,8 +47,9 @@ local IN_FLIGHT = {
   Pending = true, Preflight = true, Progressing = true, Analyzing = true, Finalizing = true,
 }
 
--- rollbackReason is "<Reason>: <message>". Without the string library a prefix test uses
--- ordering: text starts with "R:" exactly when "R:" <= text < "R;" (";" follows ":").
+-- rollbackReason is a code (Aborted, NoData, ...). An operator before decision 0010 wrote
+-- "<Reason>: <message>" in it; that form is still read. Without the string library a
+-- prefix test uses ordering: text starts with "R:" exactly when "R:" <= text < "R;".
 local function has_reason(text, reason)
   if type(text) ~= "string" then
     return false
@@ -92,6 +94,10 @@ local message = status.message
 if message == nil or message == "" then
   message = "phase " .. phase
 end
+local reason = status.pausedReason or "Paused"
+if phase == "Paused" then
+  message = "paused (" .. reason .. "): " .. message
+end
 
 if phase == "RollingBack" then
   if requested(status.rollbackReason) then
@@ -116,13 +122,12 @@ elseif IN_FLIGHT[phase] then
   hs.status = "Progressing"
   hs.message = message
 elseif phase == "Paused" then
-  local reason = status.pausedReason or "Paused"
   if BREACH_PAUSE[reason] then
     hs.status = "Degraded"
   else
     hs.status = "Suspended"
   end
-  hs.message = "paused (" .. reason .. "): " .. message
+  hs.message = message
 elseif phase == "RolledBack" or phase == "Failed" then
   hs.status = "Degraded"
   hs.message = message

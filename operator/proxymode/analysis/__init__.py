@@ -1,7 +1,8 @@
 """Analysis: PromQL for the checks (``templates``), the verdicts (``judge``), the statistics.
 
 Pure code, no I/O: the Prometheus adapter renders the queries here, sends them (by POST,
-one per check per group per round), and hands what it measured to ``judge``; the rounds are counted by ``proxymode.engine.gate``.
+one per check per group per round), and hands what it measured to ``judge``; the rounds
+are counted by ``proxymode.engine.gate``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """The summary fields and conditions, derived at the end of every look from status and world.
 
 ``Degraded`` says what was observed, not only which phase the rollout is in: a failed run,
-a rollback (with its code), a breach that paused the rollout, a moved kube-proxy that is
-unhealthy right now, or a counted analysis round that failed. Its reason is the code of
-what was seen, its message the detail.
+a rollback (with its code), a breach that paused the rollout, or a moved kube-proxy that
+is unhealthy right now (in flight, paused, or in a Completed mixed-mode policy). Its reason
+is the code of what was seen, its message the detail.
 """
 
 from __future__ import annotations
 
 from proxymode.api.models import Condition, Phase
-from proxymode.api.reasons import ConditionReason, EventReason, PauseReason
+from proxymode.api.reasons import ConditionReason, PauseReason
 from proxymode.engine.look import Look
 from proxymode.engine.moves import health_failure
 
@@ -46,15 +46,13 @@ def degraded(look: Look) -> tuple[str, str] | None:
         return str(st.rollback_reason), st.rollback_message or st.message or ""
     if phase == Phase.PAUSED and st.paused_reason in BREACH_PAUSES:
         return str(st.paused_reason), st.message or ""
-    if phase in IN_FLIGHT | {Phase.PAUSED}:
+    if phase in IN_FLIGHT | {Phase.PAUSED, Phase.COMPLETED}:
+        # A moved node whose kube-proxy restarts or stays not Ready, seen now: in flight the
+        # next look breaches on it; paused (rollback.automatic false) or in mixed mode it
+        # would otherwise hide behind a healthy-looking phase.
         unhealthy = health_failure(look)
         if unhealthy:
             return str(PauseReason.KUBE_PROXY_UNHEALTHY), unhealthy
-        if st.analysis is not None and st.analysis.consecutive_failures > 0:
-            return (
-                str(EventReason.ANALYSIS_ROUND_FAILED),
-                f"{st.analysis.consecutive_failures} failing analysis rounds in a row",
-            )
     return None
 
 
