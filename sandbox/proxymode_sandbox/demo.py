@@ -182,7 +182,8 @@ class _Watch:
         if phase in TERMINAL:
             self.out(f"\n{phase}: {status.get('message', '')}")
             if status.get("rollbackReason"):
-                self.out(f"rollback reason: {status['rollbackReason']}")
+                detail = status.get("rollbackMessage") or ""
+                self.out(f"rollback reason: {status['rollbackReason']}: {detail}")
         return phase
 
     def _fault(self, elapsed: float, analysis: dict[str, Any], phase: str) -> None:

@@ -107,7 +107,7 @@ def test_abort_mid_stage_restores_everything_exactly(
     policies.act(name, "abort")
     status = policies.wait_phase(name, "RolledBack", "Failed")
     assert status["phase"] == "RolledBack", status.get("message")
-    assert "Aborted" in status["rollbackReason"]
+    assert status["rollbackReason"] == "Aborted"
     eventually(
         lambda: (
             not policies.get(name)["metadata"].get("annotations", {}).get("proxymode.io/action")
@@ -164,8 +164,8 @@ def test_crash_looping_canaries_roll_back_automatically(
     status = policies.wait_phase(name, "RolledBack", "Failed", "Completed")
     sampler.on_pod = None
     assert status["phase"] == "RolledBack", status.get("message")
-    assert "KubeProxyUnhealthy" in status["rollbackReason"]
-    assert "restarted" in status["rollbackReason"] or "not Ready" in status["rollbackReason"]
+    assert status["rollbackReason"] == "KubeProxyUnhealthy"
+    assert "restarted" in status["rollbackMessage"] or "not Ready" in status["rollbackMessage"]
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["status"] == "True"
     assert_restored(api, proxy)
