@@ -58,6 +58,7 @@ lint: venv
 	$(VENV)/bin/ruff check operator sandbox tests benchmarks
 	$(VENV)/bin/ruff format --check operator sandbox tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test: venv binaries system-deps lint
 	$(PY) -m pytest $(PYTEST_ARGS)
