@@ -24,7 +24,17 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from proxymode.api.models import LabelSelector, PolicySpec, Stage
+from proxymode.api.models import PolicySpec, Stage
+from proxymode.engine.matching import selector_matches
+
+__all__ = [
+    "PlanNode",
+    "max_unavailable_count",
+    "plan_hash",
+    "plan_stages",
+    "selector_matches",
+    "zone_spread",
+]
 
 
 @dataclass(frozen=True)
@@ -34,31 +44,6 @@ class PlanNode:
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
     zone: str = ""
-
-
-def selector_matches(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
-    """metav1.LabelSelector semantics; an absent or empty selector matches everything."""
-    if selector is None:
-        return True
-    if any(labels.get(k) != v for k, v in (selector.match_labels or {}).items()):
-        return False
-    return all(
-        _requirement_holds(r.operator, r.key, set(r.values or []), labels)
-        for r in selector.match_expressions or []
-    )
-
-
-def _requirement_holds(
-    operator: str, key: str, values: set[str], labels: Mapping[str, str]
-) -> bool:
-    present = key in labels
-    if operator == "In":
-        return present and labels[key] in values
-    if operator == "NotIn":
-        return not (present and labels[key] in values)
-    if operator == "Exists":
-        return present
-    return not present  # DoesNotExist
 
 
 def zone_spread(nodes: Sequence[PlanNode]) -> list[PlanNode]:

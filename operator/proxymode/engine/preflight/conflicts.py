@@ -1,0 +1,96 @@
+"""Checks for what would fight the operator: Helm, Argo CD, another policy on the same DaemonSet."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from proxymode.api.models import Finding, PolicySpec, Severity
+from proxymode.engine.observed import MANAGED_BY
+from proxymode.engine.preflight.codes import Code
+from proxymode.engine.preflight.text import carrying, get_mapping, get_str, new_finding
+
+HELM_MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+HELM_RELEASE_ANNOTATION: Final = "meta.helm.sh/release-name"
+ARGOCD_TRACKING_ANNOTATION: Final = "argocd.argoproj.io/tracking-id"
+ARGOCD_INSTANCE_LABEL: Final = "app.kubernetes.io/instance"
+
+
+def gitops(
+    spec: PolicySpec,
+    daemon_set: Mapping[str, Any] | None,
+    config_map: Mapping[str, Any] | None,
+) -> list[Finding]:
+    """Helm or Argo CD managing the source objects would undo the operator's patches."""
+    ref = spec.kube_proxy
+    objects = [
+        (f"DaemonSet {ref.namespace}/{ref.daemon_set}", daemon_set),
+        (f"ConfigMap {ref.namespace}/{ref.config_map}", config_map),
+    ]
+    helm: list[str] = []
+    releases: set[str] = set()
+    argo: list[str] = []
+    apps: set[str] = set()
+    for name, obj in objects:
+        if obj is None:
+            continue
+        labels = get_mapping(obj, "metadata", "labels")
+        annotations = get_mapping(obj, "metadata", "annotations")
+        release = get_str(annotations.get(HELM_RELEASE_ANNOTATION))
+        if labels.get(HELM_MANAGED_BY_LABEL) == "Helm" or release:
+            helm.append(name)
+            if release:
+                releases.add(release)
+        tracking = get_str(annotations.get(ARGOCD_TRACKING_ANNOTATION))
+        instance = get_str(labels.get(ARGOCD_INSTANCE_LABEL))
+        if instance is not None and instance == release:
+            instance = None  # Helm charts set the instance label to the release name
+        if tracking or instance:
+            argo.append(name)
+            app = tracking.split(":", 1)[0] if tracking else instance
+            if app:
+                apps.add(app)
+    findings: list[Finding] = []
+    if helm:
+        which = f" (release {', '.join(sorted(releases))})" if releases else ""
+        findings.append(
+            new_finding(
+                Severity.WARNING,
+                Code.MANAGED_BY_GITOPS,
+                f"{carrying(helm)} Helm's marks{which}. A helm upgrade during the "
+                f"migration re-renders them and undoes the operator's node affinity and "
+                f"updateStrategy on the DaemonSet, so the source kube-proxy starts again on "
+                f"nodes already moved, next to the target one. Do not let Helm upgrade "
+                f"kube-proxy mid-migration; afterwards set the mode in the chart's values.",
+            )
+        )
+    if argo:
+        which = f" (application {', '.join(sorted(apps))})" if apps else ""
+        findings.append(
+            new_finding(
+                Severity.WARNING,
+                Code.MANAGED_BY_GITOPS,
+                f"{carrying(argo)} Argo CD's marks{which}. Argo CD will revert the "
+                f"operator's changes unless told to ignore them: add ignoreDifferences for the "
+                f"DaemonSet's /spec/template/spec/affinity/nodeAffinity and /spec/updateStrategy "
+                f"(or managedFieldsManagers: [{MANAGED_BY}]) with the RespectIgnoreDifferences "
+                f"sync option, and turn off self-heal for the ConfigMap until the migration "
+                f"ends; afterwards set the mode in Git.",
+            )
+        )
+    return findings
+
+
+def other_policies(spec: PolicySpec, others: Sequence[str]) -> list[Finding]:
+    if not others:
+        return []
+    ref = spec.kube_proxy
+    return [
+        new_finding(
+            Severity.ERROR,
+            Code.ANOTHER_POLICY_IN_FLIGHT,
+            f"Another ProxyModePolicy is already driving DaemonSet {ref.namespace}/"
+            f"{ref.daemon_set}: {', '.join(sorted(others))}. Only one policy may migrate a "
+            f"kube-proxy at a time; wait for it to finish or delete it (deleting rolls it back).",
+        )
+    ]

@@ -1,0 +1,221 @@
+"""Which nodes the policy may move, and checks of them: kernels, stages, readiness (§4, §6).
+
+A node is *eligible* when it is not being deleted, the source DaemonSet would run on it (its
+pod template's ``nodeSelector`` and required node affinity, ignoring the
+``proxymode.io/mode`` expressions the operator itself adds) and the policy's
+``nodeSelector`` matches it. kube-proxy tolerates every taint, so taints do not matter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from proxymode.api.models import Finding, IncompatibleNodes, PolicySpec, Severity
+from proxymode.engine.matching import requirement_holds, selector_matches
+from proxymode.engine.observed import MODE_LABEL, NodeView
+from proxymode.engine.planner import PlanNode, plan_stages
+from proxymode.engine.preflight.codes import Code
+from proxymode.engine.preflight.text import (
+    get_list,
+    get_mapping,
+    get_str,
+    name_list,
+    new_finding,
+    plural,
+)
+from proxymode.kubeproxy import kernel_supports, minimum_kernel
+
+
+def eligible_nodes(
+    spec: PolicySpec, source_daemon_set: Mapping[str, Any], nodes: Sequence[NodeView]
+) -> list[NodeView]:
+    """Nodes the policy may touch, sorted by name.
+
+    A node qualifies when it is not being deleted, the source DaemonSet would schedule a pod
+    on it (pod template ``nodeSelector`` and required node affinity, minus the
+    ``proxymode.io/mode`` expressions the operator adds itself) and ``spec.nodeSelector``
+    matches it. Taints are ignored: kube-proxy tolerates them all.
+    """
+    pod_spec = get_mapping(source_daemon_set, "spec", "template", "spec")
+    node_selector = get_mapping(pod_spec, "nodeSelector")
+    terms = required_terms(pod_spec)
+    chosen = [
+        node
+        for node in nodes
+        if not node.deleting
+        and all(node.labels.get(k) == v for k, v in node_selector.items())
+        and terms_match(terms, node)
+        and selector_matches(spec.node_selector, node.labels)
+    ]
+    return sorted(chosen, key=lambda n: n.name)
+
+
+def required_terms(pod_spec: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
+    """The required nodeSelectorTerms; None when the DaemonSet sets no required affinity."""
+    required = get_mapping(
+        pod_spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    terms = [t for t in get_list(required.get("nodeSelectorTerms")) if isinstance(t, Mapping)]
+    return terms or None
+
+
+def terms_match(terms: list[Mapping[str, Any]] | None, node: NodeView) -> bool:
+    """Terms are ORed; a term's expressions and fields are ANDed (core/v1 NodeSelector).
+
+    An empty term matches nothing, as in Kubernetes, except when it was made empty by
+    dropping the operator's own ``proxymode.io/mode`` expressions: that term stands for the
+    DaemonSet's own (absent) constraint and matches every node.
+    """
+    if terms is None:
+        return True
+    return any(term_matches(term, node) for term in terms)
+
+
+def term_matches(term: Mapping[str, Any], node: NodeView) -> bool:
+    expressions = [e for e in get_list(term.get("matchExpressions")) if isinstance(e, Mapping)]
+    fields = [f for f in get_list(term.get("matchFields")) if isinstance(f, Mapping)]
+    kept = [e for e in expressions if e.get("key") != MODE_LABEL]
+    if not expressions and not fields:
+        return False
+    labels_hold = all(_holds(e, node.labels) for e in kept)
+    fields_hold = all(_holds(f, {"metadata.name": node.name}) for f in fields)
+    return labels_hold and fields_hold
+
+
+def split_kernels(
+    spec: PolicySpec, candidates: list[NodeView]
+) -> tuple[list[NodeView], list[NodeView], list[Finding]]:
+    """Split off nodes whose kernel cannot run the target mode; report unknown kernels."""
+    target = str(spec.target_mode)
+    too_old = [n for n in candidates if kernel_supports(target, n.kernel) is False]
+    unknown = [n for n in candidates if kernel_supports(target, n.kernel) is None]
+    findings: list[Finding] = []
+    minimum = minimum_kernel(target)
+    needed = f"{minimum[0]}.{minimum[1]}" if minimum else "a newer kernel"
+    exclude = spec.incompatible_nodes == IncompatibleNodes.EXCLUDE
+    if too_old:
+        listed = name_list([f"{n.name} ({n.kernel})" for n in too_old])
+        why = (
+            f"A kernel older than {needed}, the oldest {target} mode accepts (kube-proxy "
+            f"would exit there), runs on {plural(len(too_old), 'node')}: {listed}."
+        )
+        if exclude:
+            findings.append(
+                new_finding(
+                    Severity.WARNING,
+                    Code.KERNEL_TOO_OLD,
+                    f"{why} They are left out (incompatibleNodes: Exclude) and keep the "
+                    f"current mode; upgrade their kernels to move them later.",
+                    [n.name for n in too_old],
+                )
+            )
+        else:
+            findings.append(
+                new_finding(
+                    Severity.ERROR,
+                    Code.KERNEL_TOO_OLD,
+                    f"{why} Upgrade their kernels, narrow spec.nodeSelector, or set "
+                    f"spec.incompatibleNodes: Exclude to leave them on the current mode.",
+                    [n.name for n in too_old],
+                )
+            )
+    if unknown:
+        unreadable = name_list([f"{n.name} ({n.kernel or 'empty'})" for n in unknown])
+        findings.append(
+            new_finding(
+                Severity.WARNING,
+                Code.KERNEL_UNKNOWN,
+                f"The kernel version of {plural(len(unknown), 'node')} cannot be read "
+                f"({unreadable}), so it was not checked against the {needed} that {target} "
+                f"mode needs. They stay in the plan; check them by hand, and watch their "
+                f"canary closely.",
+                [n.name for n in unknown],
+            )
+        )
+    if not exclude:
+        return candidates, [], findings
+    old = {n.name for n in too_old}
+    return [n for n in candidates if n.name not in old], too_old, findings
+
+
+def node_findings(
+    spec: PolicySpec,
+    candidates: list[NodeView],
+    eligible: list[NodeView],
+    excluded: list[NodeView],
+    observed_count: int,
+) -> list[Finding]:
+    """Is there anything to move, does every stage select nodes, are the nodes Ready?"""
+    ref = spec.kube_proxy
+    target = str(spec.target_mode)
+    if not eligible:
+        if candidates and excluded:
+            why = (
+                f"every matching node ({plural(len(excluded), 'node')}) was excluded "
+                f"because it cannot run {target} mode"
+            )
+        else:
+            why = (
+                f"none of the {plural(observed_count, 'node')} matches both DaemonSet "
+                f"{ref.namespace}/{ref.daemon_set}'s nodeSelector and affinity and "
+                f"spec.nodeSelector (nodes being deleted do not count)"
+            )
+        return [
+            new_finding(
+                Severity.ERROR,
+                Code.NO_ELIGIBLE_NODES,
+                f"No node is eligible for this policy: {why}. Check spec.nodeSelector and the "
+                f"DaemonSet's node placement.",
+            )
+        ]
+    findings: list[Finding] = []
+    plan = plan_stages(spec.stages, [PlanNode(n.name, n.labels, n.zone) for n in eligible])
+    for stage, nodes in zip(spec.stages, plan, strict=True):
+        if not nodes:
+            findings.append(
+                new_finding(
+                    Severity.WARNING,
+                    Code.STAGE_SELECTS_NOTHING,
+                    f"Stage {stage.name!r} selects no node: its nodeSelector matches no "
+                    f"eligible node not taken by an earlier stage, or earlier stages already "
+                    f"reach its percent. It will complete at once; fix or remove it.",
+                )
+            )
+    planned = sum(len(nodes) for nodes in plan)
+    if planned < len(eligible):
+        stay = sorted({n.name for n in eligible} - {name for nodes in plan for name in nodes})
+        findings.append(
+            new_finding(
+                Severity.INFO,
+                Code.PARTIAL_COVERAGE,
+                f"The stages cover {planned} of {len(eligible)} eligible nodes; the source mode "
+                f"stays on {plural(len(stay), 'node')} ({name_list(stay)}). The policy will end "
+                f"with both DaemonSets kept (a mixed-mode cluster) and will not finalize; add "
+                f"a stage with percent: 100 to move every node.",
+                stay,
+            )
+        )
+    not_ready = [n.name for n in eligible if not n.ready]
+    if not_ready:
+        findings.append(
+            new_finding(
+                Severity.WARNING,
+                Code.NODES_NOT_READY,
+                f"Not Ready: {plural(len(not_ready), 'eligible node')} ({name_list(not_ready)}). A "
+                f"kube-proxy there may not become ready after the switch and hold up its "
+                f"stage; fix or drain them first.",
+                not_ready,
+            )
+        )
+    return findings
+
+
+def _holds(requirement: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """One core/v1 NodeSelectorRequirement, read leniently from the DaemonSet's JSON."""
+    return requirement_holds(
+        str(requirement.get("operator")),
+        get_str(requirement.get("key")) or "",
+        [str(v) for v in get_list(requirement.get("values"))],
+        labels,
+    )
