@@ -130,7 +130,7 @@ def _without_defaults(node: Any) -> Any:
     return node
 
 
-def _schema_of(model: type[models._Model]) -> dict[str, Any]:
+def _schema_of(model: type[models.ApiModel]) -> dict[str, Any]:
     return structural(model.model_json_schema(by_alias=True, mode="validation"))
 
 

@@ -1,694 +1,138 @@
 """The ProxyModePolicy API: spec and status as pydantic models, the one source of truth.
 
 The CRD in ``crds/`` is generated from these models (``proxymode.api.crd``), so the
-bounds and enums below are what the API server enforces. Cross-field rules are
+bounds and enums of these models are what the API server enforces. Cross-field rules are
 written twice on purpose: as CEL (``x-kubernetes-validations``, so ``kubectl apply``
 is refused with a clear message and nothing is stored) and as pydantic validators
 (so the operator never acts on a spec the API server would have refused, e.g. one
 stored before a CRD upgrade). A shared corpus of invalid specs tests both.
 
 Field names are camelCase on the wire (``alias``) and snake_case in Python.
+
+The models live in ``base`` (names, bounds, enums), ``spec`` and ``status``; this module is
+the one import path for all of them.
 """
 
 from __future__ import annotations
 
-import re
-from datetime import datetime
-from enum import StrEnum
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
-from pydantic.alias_generators import to_camel
-
-from proxymode.api.reasons import PauseReason, RollbackReason
-
-GROUP = "proxymode.io"
-VERSION = "v1alpha1"
-KIND = "ProxyModePolicy"
-PLURAL = "proxymodepolicies"
-SINGULAR = "proxymodepolicy"
-SHORT_NAMES = ("pmp",)
-
-MAX_NAME = 63
-MAX_STAGES = 16
-MAX_CHECKS = 16
-MAX_NODES_IN_STATUS = 10000
-MAX_HISTORY = 50
-
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-_PERCENT = re.compile(r"^([1-9][0-9]?|100)%$")
-
-
-def _cel(rule: str, message: str, **extra: str) -> dict[str, JsonValue]:
-    return {"rule": rule, "message": message, **extra}
-
-
-class _Model(BaseModel):
-    """Base: camelCase on the wire, unknown fields refused (the schema is structural)."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-    )
-
-    def wire(self) -> dict[str, Any]:
-        """The object as the API stores it: camelCase, unset optional fields left out."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
-
-
-class _Status(_Model):
-    """Status parts tolerate fields they do not know (written by a newer operator)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-
-# -- enums ---------------------------------------------------------------------------------------
-
-
-class ProxyMode(StrEnum):
-    """kube-proxy's own mode names, spelled exactly as in KubeProxyConfiguration."""
-
-    IPTABLES = "iptables"
-    IPVS = "ipvs"
-    NFTABLES = "nftables"
-
-
-class Template(StrEnum):
-    """Built-in analysis checks over kube-proxy's and node_exporter's own metrics."""
-
-    SYNC_LATENCY_P99 = "SyncLatencyP99"
-    NETWORK_PROGRAMMING_P99 = "NetworkProgrammingP99"
-    CONNTRACK_USAGE = "ConntrackUsage"
-    SYNC_FAILURES = "SyncFailures"
-    SYNC_STALENESS = "SyncStaleness"
-
-
-SECONDS_TEMPLATES = frozenset(
-    {Template.SYNC_LATENCY_P99, Template.NETWORK_PROGRAMMING_P99, Template.SYNC_STALENESS}
+from proxymode.api.base import (
+    DNS_LABEL,
+    GROUP,
+    IN_FLIGHT_PHASES,
+    KIND,
+    MAX_CHECKS,
+    MAX_HISTORY,
+    MAX_NAME,
+    MAX_NODES_IN_STATUS,
+    MAX_STAGES,
+    PERCENT,
+    PLURAL,
+    SECONDS_TEMPLATES,
+    SHORT_NAMES,
+    SINGULAR,
+    TARGET_EDITABLE_PHASES,
+    VERSION,
+    ApiModel,
+    IncompatibleNodes,
+    OnNoData,
+    Phase,
+    ProxyMode,
+    Severity,
+    StagePhase,
+    StatusModel,
+    Template,
+    Verdict,
+    cel,
+)
+from proxymode.api.spec import (
+    Analysis,
+    BasicAuth,
+    Check,
+    KubeProxyRef,
+    LabelKey,
+    LabelSelector,
+    LabelSelectorRequirement,
+    LabelValue,
+    MannWhitney,
+    Name,
+    PolicySpec,
+    PrometheusSource,
+    Rollback,
+    SecretKeyRef,
+    Stage,
+)
+from proxymode.api.status import (
+    AnalysisStatus,
+    BackupRef,
+    Baseline,
+    CheckResult,
+    Condition,
+    Count,
+    Finding,
+    HistoryEntry,
+    Move,
+    MoveDirection,
+    PolicyStatus,
+    Preflight,
+    ProxyModePolicy,
+    StageStatus,
 )
 
-
-class OnNoData(StrEnum):
-    """What a run of inconclusive rounds leads to. Never a silent promotion."""
-
-    PAUSE = "Pause"
-    ROLLBACK = "Rollback"
-    CONTINUE = "Continue"
-
-
-class IncompatibleNodes(StrEnum):
-    """What to do with nodes that cannot run the target mode (e.g. kernel < 5.13 for nftables)."""
-
-    REFUSE = "Refuse"
-    EXCLUDE = "Exclude"
-
-
-class Phase(StrEnum):
-    """The policy's phase: a summary derived from status for printer columns and Argo CD."""
-
-    PENDING = "Pending"
-    PREFLIGHT = "Preflight"
-    PROGRESSING = "Progressing"
-    ANALYZING = "Analyzing"
-    PAUSED = "Paused"
-    FINALIZING = "Finalizing"
-    COMPLETED = "Completed"
-    ROLLING_BACK = "RollingBack"
-    ROLLED_BACK = "RolledBack"
-    FAILED = "Failed"
-
-
-IN_FLIGHT_PHASES = frozenset(
-    {
-        Phase.PREFLIGHT,
-        Phase.PROGRESSING,
-        Phase.ANALYZING,
-        Phase.PAUSED,
-        Phase.FINALIZING,
-        Phase.ROLLING_BACK,
-    }
-)
-TARGET_EDITABLE_PHASES = frozenset({Phase.PENDING, Phase.ROLLED_BACK, Phase.FAILED})
-
-
-class StagePhase(StrEnum):
-    PENDING = "Pending"
-    PROGRESSING = "Progressing"
-    BAKING = "Baking"
-    COMPLETED = "Completed"
-    ROLLING_BACK = "RollingBack"
-    ROLLED_BACK = "RolledBack"
-
-
-class Verdict(StrEnum):
-    PASS = "Pass"  # noqa: S105 - a verdict, not a password
-    FAIL = "Fail"
-    INCONCLUSIVE = "Inconclusive"
-
-
-class Severity(StrEnum):
-    INFO = "Info"
-    WARNING = "Warning"
-    ERROR = "Error"
-
-
-# -- spec ----------------------------------------------------------------------------------------
-
-
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=_DNS_LABEL)]
-LabelKey = Annotated[str, Field(min_length=1, max_length=317)]
-LabelValue = Annotated[str, Field(max_length=63)]
-
-
-class LabelSelectorRequirement(_Model):
-    key: LabelKey
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: Annotated[list[LabelValue], Field(max_length=64)] | None = None
-
-
-class LabelSelector(_Model):
-    """A metav1.LabelSelector: matchLabels and matchExpressions, ANDed."""
-
-    match_labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=32)] | None = None
-    match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] | None = None
-
-    @property
-    def empty(self) -> bool:
-        return not self.match_labels and not self.match_expressions
-
-
-class KubeProxyRef(_Model):
-    """Where the cluster's kube-proxy lives (kubeadm's names by default)."""
-
-    namespace: Name = "kube-system"
-    daemon_set: Annotated[str, Field(min_length=1, max_length=253)] = "kube-proxy"
-    config_map: Annotated[str, Field(min_length=1, max_length=253)] = "kube-proxy"
-    config_key: Annotated[str, Field(min_length=1, max_length=253)] = "config.conf"
-
-
-class Stage(_Model):
-    """One step of the rollout: a node pool (selector), a cumulative share (percent), or both."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "has(self.nodeSelector) || has(self.percent)",
-                    "a stage needs a nodeSelector, a percent, or both",
-                )
-            ]
-        }
-    )
-
-    name: Name
-    node_selector: LabelSelector | None = Field(
-        default=None, description="Nodes this stage may move (e.g. the canary pool)."
-    )
-    percent: Annotated[int, Field(ge=1, le=100)] | None = Field(
-        default=None,
-        description="Cumulative share of all eligible nodes moved once this stage is done.",
-    )
-    max_nodes: Annotated[int, Field(ge=1, le=100000)] | None = Field(
-        default=None, description="At most this many nodes in this stage."
-    )
-    bake_seconds: Annotated[int, Field(ge=0, le=604800)] = Field(
-        default=300, description="How long the stage's nodes run before it may promote."
-    )
-
-    @model_validator(mode="after")
-    def _selector_or_percent(self) -> Stage:
-        if self.node_selector is None and self.percent is None:
-            raise ValueError(
-                f"stage {self.name!r}: a stage needs a nodeSelector, a percent, or both"
-            )
-        return self
-
-
-class SecretKeyRef(_Model):
-    name: Annotated[str, Field(min_length=1, max_length=253)]
-    key: Annotated[str, Field(min_length=1, max_length=253)]
-
-
-class BasicAuth(_Model):
-    username: SecretKeyRef
-    password: SecretKeyRef
-
-
-class PrometheusSource(_Model):
-    """How to reach Prometheus. Secrets are read from the operator's namespace."""
-
-    url: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://")]
-    bearer_token: SecretKeyRef | None = None
-    basic_auth: BasicAuth | None = None
-    ca: SecretKeyRef | None = Field(default=None, description="PEM CA bundle to verify TLS.")
-    insecure_skip_verify: bool = False
-    node_label: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[a-zA-Z_]\w*$")] = (
-        Field(default="instance", description="The series label that carries the node name.")
-    )
-    timeout_seconds: Annotated[int, Field(ge=1, le=120)] = 10
-
-
-class MannWhitney(_Model):
-    """A one-sided Mann-Whitney U test of the canary's per-node values against the baseline's.
-
-    Kayenta's judge, without the score: the check fails when the canary nodes' values are
-    significantly greater (at ``alpha``) than the baseline nodes' values scaled by
-    ``1 + tolerance``. It compares two groups: when the plan leaves a group with fewer
-    than ``minSamples`` nodes (no baseline at the last stage, a small canary pool) it does
-    not apply and the check's other bounds decide; fewer values than that from groups big
-    enough (missing data) is Inconclusive. Few nodes cannot reach a small alpha: with 3
-    against 3 the smallest p-value is 1/20 = 0.05.
-    """
-
-    alpha: Annotated[float, Field(gt=0, le=0.5)] = Field(
-        default=0.05, description="Significance level of the one-sided test (p <= alpha fails)."
-    )
-    tolerance: Annotated[float, Field(ge=0, le=10)] = Field(
-        default=0.1,
-        description="Relative band: the canary may be up to (1 + tolerance) times the baseline"
-        " before it counts as worse.",
-    )
-    min_samples: Annotated[int, Field(ge=2, le=1000)] = Field(
-        default=3, description="Per-node values each group needs, or the test is Inconclusive."
-    )
-
-
-class Check(_Model):
-    """One exit criterion judged every round, for the canary and (if asked) the baseline."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "has(self.template) != has(self.query)",
-                    "a check needs exactly one of template or query",
-                ),
-                _cel(
-                    "has(self.maxSeconds) || has(self.maxRatio) || has(self.maxRatioToBaseline)"
-                    " || has(self.min) || has(self.max)",
-                    "a check needs a threshold: maxSeconds, maxRatio, maxRatioToBaseline,"
-                    " min or max",
-                ),
-                _cel(
-                    "!has(self.query) || self.query.contains('{{nodes}}')",
-                    "a custom query must contain the {{nodes}} placeholder for the group's nodes",
-                ),
-                _cel(
-                    "!has(self.maxSeconds) || (has(self.template) && self.template in"
-                    " ['SyncLatencyP99', 'NetworkProgrammingP99', 'SyncStaleness'])",
-                    "maxSeconds applies to SyncLatencyP99, NetworkProgrammingP99 and SyncStaleness",
-                ),
-                _cel(
-                    "!has(self.maxRatio)"
-                    " || (has(self.template) && self.template == 'ConntrackUsage')",
-                    "maxRatio applies to ConntrackUsage",
-                ),
-                _cel(
-                    "!has(self.mannWhitney) || has(self.template)"
-                    " || (has(self.query) && self.query.contains('{{by_node}}'))",
-                    "mannWhitney needs a template, or a custom query with the {{by_node}}"
-                    " placeholder so that it can give one value per node",
-                ),
-            ]
-        }
-    )
-
-    name: Name
-    template: Template | None = None
-    query: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
-        default=None,
-        description="PromQL with {{nodes}} where the group's node matcher goes; for"
-        " mannWhitney also {{by_node}} in a by clause (the node label per node, empty for"
-        " the group).",
-    )
-    max_seconds: Annotated[float, Field(gt=0, le=3600)] | None = None
-    max_ratio: Annotated[float, Field(gt=0, le=1)] | None = None
-    max_ratio_to_baseline: Annotated[float, Field(gt=0, le=100)] | None = Field(
-        default=None, description="Fail when canary / baseline exceeds this."
-    )
-    min: float | None = Field(default=None, ge=-1e12, le=1e12)
-    max: float | None = Field(default=None, ge=-1e12, le=1e12)
-    mann_whitney: MannWhitney | None = Field(
-        default=None,
-        description="Also compare the canary's per-node values with the baseline's"
-        " (one-sided Mann-Whitney U with a tolerance band).",
-    )
-
-    @model_validator(mode="after")
-    def _coherent(self) -> Check:
-        where = f"check {self.name!r}"
-        if (self.template is None) == (self.query is None):
-            raise ValueError(f"{where}: a check needs exactly one of template or query")
-        thresholds = (
-            self.max_seconds,
-            self.max_ratio,
-            self.max_ratio_to_baseline,
-            self.min,
-            self.max,
-        )
-        if all(t is None for t in thresholds):
-            raise ValueError(
-                f"{where}: a check needs a threshold: maxSeconds, maxRatio, maxRatioToBaseline,"
-                " min or max"
-            )
-        if self.query is not None and "{{nodes}}" not in self.query:
-            raise ValueError(
-                f"{where}: a custom query must contain the {{{{nodes}}}} placeholder for the"
-                " group's nodes"
-            )
-        if self.max_seconds is not None and self.template not in SECONDS_TEMPLATES:
-            raise ValueError(
-                f"{where}: maxSeconds applies to SyncLatencyP99, NetworkProgrammingP99 and"
-                " SyncStaleness"
-            )
-        if self.max_ratio is not None and self.template != Template.CONNTRACK_USAGE:
-            raise ValueError(f"{where}: maxRatio applies to ConntrackUsage")
-        if (
-            self.mann_whitney is not None
-            and self.template is None
-            and (self.query is None or "{{by_node}}" not in self.query)
-        ):
-            raise ValueError(
-                f"{where}: mannWhitney needs a template, or a custom query with the"
-                " {{by_node}} placeholder so that it can give one value per node"
-            )
-        return self
-
-
-class Analysis(_Model):
-    """The metric gates: every round judges each check; bad rounds roll back, no data holds."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.checks.all(c, self.checks.exists_one(d, d.name == c.name))",
-                    "check names must be unique",
-                ),
-            ]
-        }
-    )
-
-    prometheus: PrometheusSource
-    interval_seconds: Annotated[int, Field(ge=5, le=3600)] = 60
-    window_seconds: Annotated[int, Field(ge=10, le=86400)] = Field(
-        default=300, description="The range each rate() and quantile looks back over."
-    )
-    warmup_seconds: Annotated[int, Field(ge=0, le=3600)] = Field(
-        default=120, description="A fresh kube-proxy's first syncs are slow: do not judge them."
-    )
-    failure_limit: Annotated[int, Field(ge=1, le=100)] = Field(
-        default=2, description="Consecutive failed rounds before rollback."
-    )
-    inconclusive_limit: Annotated[int, Field(ge=1, le=100)] = Field(
-        default=5, description="Consecutive no-data rounds before onNoData applies."
-    )
-    min_passing_rounds: Annotated[int, Field(ge=1, le=1000)] = Field(
-        default=3, description="Passing rounds a stage needs before it may promote."
-    )
-    on_no_data: OnNoData = OnNoData.PAUSE
-    checks: Annotated[list[Check], Field(min_length=1, max_length=MAX_CHECKS)]
-
-    @field_validator("checks")
-    @classmethod
-    def _unique_checks(cls, checks: list[Check]) -> list[Check]:
-        _require_unique([c.name for c in checks], "check")
-        return checks
-
-
-class Rollback(_Model):
-    automatic: bool = Field(
-        default=True, description="Roll back by itself on a breach; false pauses instead."
-    )
-
-
-def _require_unique(names: list[str], what: str) -> None:
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise ValueError(f"{what} names must be unique: {name!r} appears twice")
-        seen.add(name)
-
-
-class PolicySpec(_Model):
-    """What a ProxyModePolicy asks for: the target mode and how to get there."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.stages.all(s, self.stages.exists_one(t, t.name == s.name))",
-                    "stage names must be unique",
-                ),
-                _cel(
-                    "self.stages.filter(s, has(s.percent)).map(s, s.percent).isSorted()",
-                    "stage percents must not decrease from one stage to the next",
-                ),
-                _cel(
-                    "type(self.maxUnavailable) == int ? self.maxUnavailable >= 1 :"
-                    " self.maxUnavailable.matches('^([1-9][0-9]?|100)%$')",
-                    "maxUnavailable must be a whole number of nodes (1 or more) or a percent"
-                    " from 1% to 100%",
-                ),
-            ]
-        }
-    )
-
-    target_mode: ProxyMode = Field(description="The kube-proxy mode to move nodes to.")
-    kube_proxy: KubeProxyRef = Field(
-        default_factory=KubeProxyRef,
-        json_schema_extra={"default": {}},
-        description="Where the source kube-proxy lives (kubeadm's names by default).",
-    )
-    node_selector: LabelSelector | None = Field(
-        default=None,
-        description="Nodes the policy may touch (default: all the source DaemonSet runs on).",
-    )
-    config_overrides: dict[str, Any] | None = Field(
-        default=None, description="Merged into the target KubeProxyConfiguration."
-    )
-    stages: Annotated[list[Stage], Field(min_length=1, max_length=MAX_STAGES)]
-    max_unavailable: int | str = Field(
-        default=1, description="Nodes between proxies at once: a number or a percent."
-    )
-    incompatible_nodes: IncompatibleNodes = Field(
-        default=IncompatibleNodes.REFUSE,
-        description="Nodes that cannot run the target mode: refuse the run, or leave them out.",
-    )
-    ready_timeout_seconds: Annotated[int, Field(ge=10, le=3600)] = Field(
-        default=300,
-        description="How long a moved node's kube-proxy may take to become Ready before the"
-        " stage counts as failed.",
-    )
-    analysis: Analysis | None = None
-    rollback: Rollback = Field(default_factory=Rollback, json_schema_extra={"default": {}})
-    paused: bool = False
-    finalize: bool = Field(
-        default=True,
-        description="After the last stage, fold the result back into the source objects.",
-    )
-
-    @field_validator("stages")
-    @classmethod
-    def _stages(cls, stages: list[Stage]) -> list[Stage]:
-        _require_unique([s.name for s in stages], "stage")
-        last = 0
-        for s in stages:
-            if s.percent is None:
-                continue
-            if s.percent < last:
-                raise ValueError("stage percents must not decrease from one stage to the next")
-            last = s.percent
-        return stages
-
-    @field_validator("max_unavailable")
-    @classmethod
-    def _max_unavailable(cls, value: int | str) -> int | str:
-        if isinstance(value, int):
-            if value < 1:
-                raise ValueError("maxUnavailable must be a whole number of nodes (1 or more)")
-            return value
-        if not _PERCENT.match(value):
-            raise ValueError(
-                "maxUnavailable must be a whole number of nodes (1 or more) or a percent"
-                " from 1% to 100%"
-            )
-        return value
-
-
-# -- status --------------------------------------------------------------------------------------
-
-
-class Condition(_Status):
-    """A metav1.Condition."""
-
-    type: Annotated[str, Field(max_length=316)]
-    status: Literal["True", "False", "Unknown"]
-    reason: Annotated[str, Field(max_length=1024)]
-    message: Annotated[str, Field(max_length=32768)] = ""
-    last_transition_time: datetime
-    observed_generation: int | None = None
-
-
-class StageStatus(_Status):
-    name: str
-    phase: StagePhase = StagePhase.PENDING
-    nodes: Annotated[list[str], Field(max_length=MAX_NODES_IN_STATUS)] = Field(default_factory=list)
-    nodes_done: int = 0
-    started_time: datetime | None = None
-    baked_since: datetime | None = None
-    completed_time: datetime | None = None
-
-
-class Count(_Status):
-    """How many nodes share one value (a kernel, an OS image, a runtime)."""
-
-    value: str
-    count: int
-
-
-class Baseline(_Status):
-    kubernetes_version: str | None = None
-    kube_proxy_version: str | None = None
-    kube_proxy_image: str | None = None
-    source_mode: str | None = None
-    kernels: list[Count] = Field(default_factory=list)
-    os_images: list[Count] = Field(default_factory=list)
-    container_runtimes: list[Count] = Field(default_factory=list)
-    cni: str | None = None
-    services: int | None = None
-    endpoint_slices: int | None = None
-    nodes: int | None = None
-    metrics: dict[str, float] = Field(default_factory=dict)
-    recorded_time: datetime | None = None
-
-
-class Finding(_Status):
-    severity: Severity
-    code: str
-    message: str
-    nodes: list[str] = Field(default_factory=list)
-
-
-class Preflight(_Status):
-    passed: bool = False
-    checked_time: datetime | None = None
-    findings: list[Finding] = Field(default_factory=list)
-    excluded_nodes: list[str] | None = Field(
-        default=None,
-        description="Nodes preflight left out because they cannot run the target mode"
-        " (incompatibleNodes: Exclude); the rollout never plans them.",
-    )
-
-
-class CheckResult(_Status):
-    name: str
-    canary: float | None = None
-    baseline: float | None = None
-    verdict: Verdict
-    message: str = ""
-
-
-class AnalysisStatus(_Status):
-    last_round_time: datetime | None = None
-    rounds: int = 0
-    passing_rounds: int = 0
-    consecutive_failures: int = 0
-    consecutive_inconclusive: int = 0
-    checks: list[CheckResult] = Field(default_factory=list)
-
-
-class HistoryEntry(_Status):
-    time: datetime
-    phase: str
-    stage: str | None = None
-    reason: str
-    message: str = ""
-
-
-class MoveDirection(StrEnum):
-    FORWARD = "Forward"
-    BACK = "Back"
-    HANDBACK = "Handback"
-
-
-class Move(_Status):
-    """A node between two kube-proxies. Bounded by maxUnavailable, so the list stays short."""
-
-    node: str
-    direction: MoveDirection
-    since: datetime
-
-
-class BackupRef(_Status):
-    """Where the snapshot of everything the operator changes is kept."""
-
-    namespace: str
-    name: str
-
-
-class PolicyStatus(_Status):
-    phase: Phase = Phase.PENDING
-    observed_generation: int | None = None
-    source_mode: str | None = None
-    target_mode: str | None = None
-    plan_hash: str | None = None
-    current_stage: int | None = None
-    current_stage_name: str | None = None
-    node_progress: str | None = Field(default=None, description="Nodes moved / eligible, e.g. 2/6.")
-    stages: list[StageStatus] = Field(default_factory=list)
-    baseline: Baseline | None = None
-    preflight: Preflight | None = None
-    analysis: AnalysisStatus | None = None
-    moves: list[Move] = Field(default_factory=list)
-    backup: BackupRef | None = None
-    paused_reason: PauseReason | None = None
-    run: int = Field(default=1, description="Which run of this policy (a retry starts the next).")
-    handled_action: str | None = Field(
-        default=None,
-        description="The one-shot action last acted on; the annotation is removed after this"
-        " is stored, so an action is never taken twice.",
-    )
-    resume_phase: Phase | None = None
-    rollback_reason: RollbackReason | None = Field(
-        default=None, description="Why the rollback started: a code (see rollbackMessage)."
-    )
-    rollback_message: str | None = Field(
-        default=None, description="What the rollback's reason saw, for people."
-    )
-    finalized: bool | None = None
-    started_time: datetime | None = None
-    completed_time: datetime | None = None
-    message: str | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    history: list[HistoryEntry] = Field(default_factory=list)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _split_legacy_rollback_reason(cls, data: Any) -> Any:
-        """Before 0010 ``rollbackReason`` was ``"<Code>: <message>"``: read it as the pair, so a
-        policy rolling back across an operator upgrade keeps its reason."""
-        if not isinstance(data, dict):
-            return data
-        for code_key, message_key in (
-            ("rollbackReason", "rollbackMessage"),
-            ("rollback_reason", "rollback_message"),
-        ):
-            code = data.get(code_key)
-            if isinstance(code, str) and ": " in code and not data.get(message_key):
-                head, _, tail = code.partition(": ")
-                data = {**data, code_key: head, message_key: tail}
-        return data
-
-
-class ProxyModePolicy(_Model):
-    """The whole object, as read from the API (metadata kept as a plain mapping)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-    api_version: str = f"{GROUP}/{VERSION}"
-    kind: str = KIND
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    spec: PolicySpec
-    status: PolicyStatus = Field(default_factory=PolicyStatus)
+__all__ = [
+    "DNS_LABEL",
+    "GROUP",
+    "IN_FLIGHT_PHASES",
+    "KIND",
+    "MAX_CHECKS",
+    "MAX_HISTORY",
+    "MAX_NAME",
+    "MAX_NODES_IN_STATUS",
+    "MAX_STAGES",
+    "PERCENT",
+    "PLURAL",
+    "SECONDS_TEMPLATES",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "TARGET_EDITABLE_PHASES",
+    "VERSION",
+    "Analysis",
+    "AnalysisStatus",
+    "ApiModel",
+    "BackupRef",
+    "Baseline",
+    "BasicAuth",
+    "Check",
+    "CheckResult",
+    "Condition",
+    "Count",
+    "Finding",
+    "HistoryEntry",
+    "IncompatibleNodes",
+    "KubeProxyRef",
+    "LabelKey",
+    "LabelSelector",
+    "LabelSelectorRequirement",
+    "LabelValue",
+    "MannWhitney",
+    "Move",
+    "MoveDirection",
+    "Name",
+    "OnNoData",
+    "Phase",
+    "PolicySpec",
+    "PolicyStatus",
+    "Preflight",
+    "PrometheusSource",
+    "ProxyMode",
+    "ProxyModePolicy",
+    "Rollback",
+    "SecretKeyRef",
+    "Severity",
+    "Stage",
+    "StagePhase",
+    "StageStatus",
+    "StatusModel",
+    "Template",
+    "Verdict",
+    "cel",
+]
