@@ -1,7 +1,10 @@
 """The rollout state machine: ``advance(policy, observed) -> Decision``. Pure.
 
 Every call reads the policy's status and a fresh snapshot of the world, takes the next
-safe steps, and returns the new status and the actions to carry them out. Nothing is
+safe steps, and returns the new status and the actions to carry them out. This module only
+dispatches: each phase has its handler in ``engine.phases``, which looks once and returns
+the phase to run next in the same look (or None); ``_chain`` runs at most
+``MAX_PHASES_PER_LOOK`` of them, so phases never call each other. Nothing is
 kept in memory between calls: a restart between any two calls resumes where the
 status and the node labels say the rollout is. Each phase handler re-checks the world
 before acting, so a status written after an action failed is harmless: the next call
