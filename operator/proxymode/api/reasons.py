@@ -51,10 +51,6 @@ class RollbackReason(StrEnum):
     """``inconclusiveLimit`` rounds without data and ``onNoData: Rollback``."""
 
 
-# A rollback a person asked for is expected (Argo CD shows it as Progressing, not Degraded).
-REQUESTED_ROLLBACKS = frozenset({RollbackReason.ABORTED, RollbackReason.RETRY})
-
-
 class FailureReason(StrEnum):
     PREFLIGHT_FAILED = "PreflightFailed"
     """A preflight check found an Error; nothing was changed."""

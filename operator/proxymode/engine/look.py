@@ -42,6 +42,9 @@ class Look:
     requeue: float = 30.0
     release: bool = False
     force_promote: bool = False
+    trouble: str | None = None
+    """A failure this look saw but did not act on (a mixed-mode move that cannot finish):
+    the Degraded condition reports it."""
 
     def __post_init__(self) -> None:
         self.spec: PolicySpec = self.policy.spec

@@ -46,6 +46,8 @@ def degraded(look: Look) -> tuple[str, str] | None:
         return str(st.rollback_reason), st.rollback_message or st.message or ""
     if phase == Phase.PAUSED and st.paused_reason in BREACH_PAUSES:
         return str(st.paused_reason), st.message or ""
+    if look.trouble is not None:
+        return str(PauseReason.KUBE_PROXY_UNHEALTHY), look.trouble
     if phase in IN_FLIGHT | {Phase.PAUSED, Phase.COMPLETED}:
         # A moved node whose kube-proxy restarts or stays not Ready, seen now: in flight the
         # next look breaches on it; paused (rollback.automatic false) or in mixed mode it

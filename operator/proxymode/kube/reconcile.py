@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from proxymode.api import models
 from proxymode.api.models import Phase, ProxyModePolicy
+from proxymode.api.reasons import EventReason
 from proxymode.engine.actions import EmitEvent
 from proxymode.engine.machine import advance
 from proxymode.kube import rounds
@@ -100,7 +101,7 @@ class Reconciler:
             # granted): say so where the user looks, change nothing, look again later.
             message = f"not allowed to read what this policy needs: {_forbidden(e)}"
             if policy.status.message != message:
-                self.events(body, EmitEvent("Forbidden", message, "Warning"))
+                self.events(body, EmitEvent(EventReason.FORBIDDEN, message, "Warning"))
             self._store(name, {"message": message})
             # Still Pending: preflight never ran, so nothing was changed and a deleted
             # policy may go at once.

@@ -228,3 +228,20 @@ def test_degraded_says_so_when_a_moved_kube_proxy_fails_in_mixed_mode() -> None:
     assert conditions["Degraded"].status == "True"
     assert conditions["Degraded"].reason == "KubeProxyUnhealthy"
     assert "canary-1" in conditions["Degraded"].message
+
+
+def test_degraded_says_so_when_a_mixed_mode_newcomer_cannot_finish_its_move() -> None:
+    """A newcomer whose cleanup Job fails stays between proxies: Degraded names it."""
+    sim = Sim.cluster({"canary": 1, "general": 1})
+    to_ipvs = policy(targetMode="ipvs")
+    done = drive(sim, to_ipvs, lambda p: p.status.phase == Phase.COMPLETED)
+    sim.fail_jobs = True
+    sim.add_node("canary-2", "canary")
+
+    def degraded(p: ProxyModePolicy) -> bool:
+        return any(c.type == "Degraded" and c.status == "True" for c in p.status.conditions)
+
+    stuck = drive(sim, done, degraded, limit=40)
+    assert stuck.status.phase == Phase.COMPLETED
+    condition = next(c for c in stuck.status.conditions if c.type == "Degraded")
+    assert "canary-2" in condition.message and "cleanup Job" in condition.message

@@ -30,6 +30,7 @@ def _keep_mixed_mode(lk: Look) -> None:
     failure = moves.drive(lk)
     if failure:
         lk.status.message = failure
+        lk.trouble = failure
     moves.start_moves(lk, moves.forward_todo(lk, started_only=False), MoveDirection.FORWARD)
     lk.requeue = 2 if lk.status.moves else 60
 
