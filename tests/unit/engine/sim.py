@@ -5,10 +5,17 @@ sandbox tests check those rules against the real controllers):
 
 - DaemonSet controller: a pod on every node matching the current template's node
   selector and required affinity, deleted from nodes that stop matching whatever the
-  update strategy; with RollingUpdate, pods of an older template are replaced one per
-  tick; with OnDelete, never.
-- kubelet: a new pod is Ready one tick after it appears; a deleted pod terminates for
-  one tick, then is gone. Pods can be told to crash-loop.
+  update strategy; with RollingUpdate (surge 0), a pod of an older template is deleted
+  only while fewer than ``maxUnavailable`` wanted nodes lack a Ready pod of the DaemonSet,
+  so the next stale pod waits until the previous one's replacement is Ready, as the real
+  controller does; with OnDelete, never.
+- kubelet: a new pod reads its ConfigMap when it starts (``SimPod.mode``: the mode it
+  runs, whatever the ConfigMap says later) and is Ready one tick after it appears; a
+  deleted pod terminates for one tick, then is gone. Pods can be told to crash-loop.
+- Other policies (``Sim.policies``): the rivals each policy's adapter would report in
+  ``ClusterFacts.other_policies`` (same source DaemonSet, in flight or mixed mode).
+- Analysis (``Sim.verdict``): when set, a fresh round of that verdict every
+  ``round_every`` seconds, as the Prometheus adapter would hand the engine.
 - Job controller: a cleanup Job succeeds one tick after it is created (or fails, if asked).
 - API server: JSON patches with a failing ``test`` and label changes with a stale
   ``expect`` are refused (ConflictError), like a real precondition failure.
@@ -28,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jsonpatch
+import yaml
 
 from proxymode.engine.actions import (
     Action,
@@ -42,6 +50,8 @@ from proxymode.engine.actions import (
 )
 from proxymode.engine.observed import (
     MODE_LABEL,
+    AnalysisRound,
+    CheckOutcome,
     CleanupJobView,
     ClusterFacts,
     NodeView,
@@ -53,6 +63,7 @@ from proxymode_sandbox import kubeadm_proxy
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 NS = "kube-system"
+IN_FLIGHT = ("Preflight", "Progressing", "Analyzing", "Paused", "Finalizing", "RollingBack")
 
 
 class ConflictError(Exception):
@@ -70,6 +81,8 @@ class SimPod:
     crashloop: bool = False
     restarts: int = 0
     born: datetime = T0
+    mode: str | None = None  # the proxy mode read from its ConfigMap when it started
+    config: str | None = None  # the ConfigMap it read
 
     @property
     def ready(self) -> bool:
@@ -95,6 +108,14 @@ class Sim:
     action: str | None = None
     crashloop_target: bool = False
     fail_jobs: bool = False
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Every policy's last stored wire form (name -> {spec, status}), for rival detection."""
+    verdict: str | None = None
+    """Each check's verdict in the analysis rounds; None: no round at all."""
+    checks: tuple[str, ...] = ("SyncLatencyP99",)
+    round_every: float = 10.0
+    baseline_values: dict[str, float] = field(default_factory=dict)
+    _last_round: datetime | None = None
     _seq: int = 0
     _rv: int = 100
     log: list[str] = field(default_factory=list)
@@ -170,20 +191,39 @@ class Sim:
         have = {p.node for p in self.pods if p.owner == name}
         for node in sorted(wanted - have):
             self._seq += 1
-            pod = SimPod(f"{name}-{self._seq}", node, name, template, born=self.now)
+            config = _config_map_of(ds)
+            pod = SimPod(
+                f"{name}-{self._seq}",
+                node,
+                name,
+                template,
+                born=self.now,
+                mode=self._mode_in(config),
+                config=config,
+            )
             if self.crashloop_target and MODE_LABEL in ds["spec"]["selector"]["matchLabels"]:
                 pod.crashloop = True
             self.pods.append(pod)
-        if ds["spec"].get("updateStrategy", {}).get("type", "RollingUpdate") == "RollingUpdate":
-            stale = [
-                p
-                for p in self.pods
-                if p.owner == name and p.template != template and not p.terminating
-            ]
-            if stale and all(
-                p.ready for p in self.pods if p.owner == name and p.template == template
+        strategy = ds["spec"].get("updateStrategy", {})
+        if strategy.get("type", "RollingUpdate") == "RollingUpdate":
+            budget = _max_unavailable(strategy, len(wanted))
+            for pod in sorted(
+                (
+                    p
+                    for p in self.pods
+                    if p.owner == name and p.template != template and not p.terminating
+                ),
+                key=lambda p: p.node,
             ):
-                stale[0].terminating = 2
+                # Unavailable: a wanted node without a Ready, not terminating pod of this
+                # DaemonSet (a stale pod being replaced counts until its successor is Ready).
+                unavailable = sum(
+                    not any(p.ready for p in self.pods if p.owner == name and p.node == n)
+                    for n in wanted
+                )
+                if unavailable >= budget:
+                    break
+                pod.terminating = 2
         live = [p for p in self.pods if p.owner == name and not p.terminating]
         ds["status"] = {
             "observedGeneration": ds["metadata"]["generation"],
@@ -194,9 +234,47 @@ class Sim:
             "numberUnavailable": len(wanted) - sum(p.ready for p in live),
         }
 
+    def _mode_in(self, config_map: str | None) -> str | None:
+        cm = self.get("ConfigMap", config_map) if config_map else None
+        text = (cm or {}).get("data", {}).get("config.conf")
+        if text is None:
+            return None
+        return str((yaml.safe_load(text) or {}).get("mode") or "iptables")
+
+    def rivals(self, mine: str) -> tuple[str, ...]:
+        """What the adapter reports: other policies on the same source DaemonSet, active."""
+        out = []
+        for name, wire in sorted(self.policies.items()):
+            status = wire.get("status") or {}
+            active = status.get("phase") in IN_FLIGHT or (
+                status.get("phase") == "Completed" and status.get("finalized") is False
+            )
+            if name != mine and active:
+                out.append(name)
+        return tuple(out)
+
+    def analysis_round(self) -> AnalysisRound | None:
+        """A fresh round every ``round_every`` seconds while ``verdict`` is set."""
+        if self.verdict is None:
+            return None
+        due = self._last_round is None or (
+            (self.now - self._last_round).total_seconds() >= self.round_every
+        )
+        if due:
+            self._last_round = self.now
+        assert self._last_round is not None
+        return AnalysisRound(
+            time=self._last_round,
+            checks=tuple(
+                CheckOutcome(name, self.verdict, canary=0.5, baseline=0.5, message=self.verdict)
+                for name in self.checks
+            ),
+            baseline_values=dict(self.baseline_values),
+        )
+
     # -- what the engine sees and does ------------------------------------------------------
 
-    def observe(self, generation: int = 1, deleting: bool = False) -> Observed:
+    def observe(self, generation: int = 1, deleting: bool = False, policy: str = "") -> Observed:
         source = self.get("DaemonSet", "kube-proxy")
         target = next(
             (o for (k, n), o in self.objects.items() if k == "DaemonSet" and n != "kube-proxy"),
@@ -253,7 +331,13 @@ class Sim:
             target_config_map=copy.deepcopy(target_cm),
             backup=dict(backup) if backup is not None else None,
             jobs=jobs,
-            facts=ClusterFacts(kubernetes_version="v1.37.2", services=10, endpoint_slices=12),
+            facts=ClusterFacts(
+                kubernetes_version="v1.37.2",
+                services=10,
+                endpoint_slices=12,
+                other_policies=self.rivals(policy),
+            ),
+            analysis=self.analysis_round(),
             action=self.action,
             deleting=deleting,
         )
@@ -368,3 +452,20 @@ def _schedulable(ds: dict[str, Any], node: SimNode) -> bool:
         if ok:
             return True
     return False
+
+
+def _max_unavailable(strategy: dict[str, Any], wanted: int) -> int:
+    """``rollingUpdate.maxUnavailable`` (int or percent, rounded up, at least 1), default 1."""
+    value = (strategy.get("rollingUpdate") or {}).get("maxUnavailable", 1)
+    if isinstance(value, str) and value.endswith("%"):
+        return max(1, -(-wanted * int(value[:-1]) // 100))
+    return max(1, int(value))
+
+
+def _config_map_of(ds: dict[str, Any]) -> str | None:
+    """The ConfigMap the pod template mounts (kube-proxy reads its config from it)."""
+    for volume in ds["spec"]["template"]["spec"].get("volumes", []):
+        name = (volume.get("configMap") or {}).get("name")
+        if name:
+            return str(name)
+    return None
