@@ -79,6 +79,7 @@ class SimPod:
     age: int = 0
     terminating: int = 0  # ticks left; 0 = not terminating
     crashloop: bool = False
+    unready: int = 0  # ticks left of a passing not-Ready spell (a failed probe)
     restarts: int = 0
     born: datetime = T0
     mode: str | None = None  # the proxy mode read from its ConfigMap when it started
@@ -86,7 +87,7 @@ class SimPod:
 
     @property
     def ready(self) -> bool:
-        return self.age >= 1 and not self.crashloop and not self.terminating
+        return self.age >= 1 and not self.crashloop and not self.terminating and not self.unready
 
 
 @dataclass
@@ -108,11 +109,23 @@ class Sim:
     action: str | None = None
     crashloop_target: bool = False
     fail_jobs: bool = False
+    hang_jobs: bool = False
+    """Cleanup Jobs never finish (a pod stuck Pending, an image that never pulls)."""
+    stuck: set[str] = field(default_factory=set)
+    """Nodes whose terminating pods never go away (a kubelet that stopped answering)."""
+    termination_ticks: dict[str, int] = field(default_factory=dict)
+    """Per node, how many ticks a deleted pod takes to terminate (default 2)."""
+    broken: set[str] = field(default_factory=set)
+    """Nodes whose kube-proxy pods, of either DaemonSet, crash-loop."""
+    server_defaults: dict[str, Any] = field(default_factory=dict)
+    """DaemonSet spec fields the API server defaults on every write (a newer server)."""
+    served: set[str] = field(default_factory=set)
+    """Nodes that have had a Ready kube-proxy since they joined."""
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Every policy's last stored wire form (name -> {spec, status}), for rival detection."""
     verdict: str | None = None
     """Each check's verdict in the analysis rounds; None: no round at all."""
-    checks: tuple[str, ...] = ("SyncLatencyP99",)
+    checks: tuple[str, ...] = ("sync-latency",)
     round_every: float = 10.0
     baseline_values: dict[str, float] = field(default_factory=dict)
     _last_round: datetime | None = None
@@ -143,7 +156,13 @@ class Sim:
             sim.tick()
         return sim
 
+    def _grace(self, node: str) -> int:
+        return self.termination_ticks.get(node, 2)
+
     def _store(self, obj: dict[str, Any]) -> None:
+        if obj["kind"] == "DaemonSet":
+            for key, value in self.server_defaults.items():
+                obj["spec"].setdefault(key, copy.deepcopy(value))
         meta = obj.setdefault("metadata", {})
         meta.setdefault("namespace", NS)
         self._rv += 1
@@ -168,17 +187,26 @@ class Sim:
             pod.age += 1
             if pod.crashloop:
                 pod.restarts += 1
-        self.pods = [p for p in self.pods if not (p.terminating and p.terminating <= 1)]
+        self.pods = [
+            p
+            for p in self.pods
+            if not (p.terminating and p.terminating <= 1 and p.node not in self.stuck)
+        ]
         for pod in self.pods:
-            if pod.terminating:
+            if pod.terminating and pod.node not in self.stuck:
                 pod.terminating -= 1
+            if pod.unready:
+                pod.unready -= 1
+            if pod.node in self.broken and not pod.crashloop:
+                pod.crashloop = True
         for (kind, _), ds in list(self.objects.items()):
             if kind == "DaemonSet":
                 self._reconcile_daemon_set(ds)
         for job in self.jobs.values():
-            if job["age"] >= 1 and not job["done"]:
+            if job["age"] >= 1 and not job["done"] and not self.hang_jobs:
                 job["done"] = "failed" if self.fail_jobs else "succeeded"
             job["age"] += 1
+        self.served |= {p.node for p in self.pods if p.ready}
 
     def _reconcile_daemon_set(self, ds: dict[str, Any]) -> None:
         name = ds["metadata"]["name"]
@@ -187,7 +215,7 @@ class Sim:
         wanted = {n for n, node in self.nodes.items() if _schedulable(ds, node)}
         for pod in mine:
             if pod.node not in wanted or pod.node not in self.nodes:
-                pod.terminating = 2
+                pod.terminating = self._grace(pod.node)
         have = {p.node for p in self.pods if p.owner == name}
         for node in sorted(wanted - have):
             self._seq += 1
@@ -202,6 +230,8 @@ class Sim:
                 config=config,
             )
             if self.crashloop_target and MODE_LABEL in ds["spec"]["selector"]["matchLabels"]:
+                pod.crashloop = True
+            if node in self.broken:
                 pod.crashloop = True
             self.pods.append(pod)
         strategy = ds["spec"].get("updateStrategy", {})
@@ -223,7 +253,7 @@ class Sim:
                 )
                 if unavailable >= budget:
                     break
-                pod.terminating = 2
+                pod.terminating = self._grace(pod.node)
         live = [p for p in self.pods if p.owner == name and not p.terminating]
         ds["status"] = {
             "observedGeneration": ds["metadata"]["generation"],
@@ -269,7 +299,10 @@ class Sim:
                 CheckOutcome(name, self.verdict, canary=0.5, baseline=0.5, message=self.verdict)
                 for name in self.checks
             ),
-            baseline_values=dict(self.baseline_values),
+            # The baseline group is the nodes still on the source mode: none left, no values.
+            baseline_values=dict(self.baseline_values)
+            if any(MODE_LABEL not in n.labels for n in self.nodes.values())
+            else {},
         )
 
     # -- what the engine sees and does ------------------------------------------------------
@@ -395,7 +428,7 @@ class Sim:
                 if action.kind == "DaemonSet":
                     for pod in self.pods:
                         if pod.owner == action.name:
-                            pod.terminating = 2
+                            pod.terminating = self._grace(pod.node)
         elif isinstance(action, EmitEvent):
             self.events.append(action)
         elif isinstance(action, ClearAction):
@@ -416,11 +449,15 @@ class Sim:
             if any(o.get("uid") == owner_uid for o in owners):
                 del self.objects[key]
 
-    def add_node(self, name: str, pool: str, zone: str = "zone-a") -> None:
-        self.nodes[name] = SimNode(name, {"pool": pool, "kubernetes.io/os": "linux"}, zone=zone)
+    def add_node(
+        self, name: str, pool: str, zone: str = "zone-a", kernel: str = "6.1.0-28-cloud-amd64"
+    ) -> None:
+        labels = {"pool": pool, "kubernetes.io/os": "linux", "kubernetes.io/hostname": name}
+        self.nodes[name] = SimNode(name, labels, kernel=kernel, zone=zone)
 
     def remove_node(self, name: str) -> None:
         del self.nodes[name]
+        self.served.discard(name)
         self.pods = [p for p in self.pods if p.node != name]
 
 
