@@ -10,6 +10,7 @@ and review the diff like code.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -38,23 +39,27 @@ UPDATE = os.environ.get("PROXYMODE_UPDATE_GOLDEN") == "1"
 
 
 def summarise(action: Action) -> str:
-    if isinstance(action, SetNodeMode):
-        return f"label {action.node}={action.value or '-'}"
-    if isinstance(action, ApplyObject):
-        return f"apply {action.obj['kind']}/{action.obj['metadata']['name']}"
-    if isinstance(action, PatchObject):
-        return f"patch {action.kind}/{action.name}"
-    if isinstance(action, DeleteObject):
-        return f"delete {action.kind}/{action.name}"
-    if isinstance(action, CreateJob):
-        return f"job {action.job['spec']['template']['spec']['nodeName']}"
-    if isinstance(action, SaveBackup):
-        return "backup"
-    if isinstance(action, EmitEvent):
-        return f"event {action.reason}"
-    if isinstance(action, ClearAction):
-        return f"clear {action.value}"
-    return type(action).__name__  # pragma: no cover - a new action type shows up by name
+    """One action in a few stable words: what it touches, never its message."""
+    match action:
+        case SetNodeMode():
+            text = f"label {action.node}={action.value or '-'}"
+        case ApplyObject():
+            text = f"apply {action.obj['kind']}/{action.obj['metadata']['name']}"
+        case PatchObject():
+            text = f"patch {action.kind}/{action.name}"
+        case DeleteObject():
+            text = f"delete {action.kind}/{action.name}"
+        case CreateJob():
+            text = f"job {action.job['spec']['template']['spec']['nodeName']}"
+        case SaveBackup():
+            text = "backup"
+        case EmitEvent():
+            text = f"event {action.reason}"
+        case ClearAction():
+            text = f"clear {action.value}"
+        case _:  # a new action type shows up by name
+            text = type(action).__name__
+    return text
 
 
 def line(sim: Sim, policy: ProxyModePolicy, decision: Decision) -> str:
@@ -96,9 +101,11 @@ def _abort_in(phase: Phase, stage: int = 0) -> Callable[[], GoldenRun]:
     def scenario() -> GoldenRun:
         run = GoldenRun(Sim.cluster({"canary": 2, "general": 4}), make_policy())
         run.until(
-            lambda p: p.status.phase == phase
-            and (p.status.current_stage or 0) >= stage
-            and (phase != Phase.PROGRESSING or bool(p.status.moves))
+            lambda p: (
+                p.status.phase == phase
+                and (p.status.current_stage or 0) >= stage
+                and (phase != Phase.PROGRESSING or bool(p.status.moves))
+            )
         )
         run.sim.action = "abort"
         run.until(lambda p: p.status.phase in (Phase.ROLLED_BACK, Phase.FAILED))
@@ -155,8 +162,6 @@ def test_golden_log(name: str) -> None:
     assert path.exists(), f"no {path.name}; run with PROXYMODE_UPDATE_GOLDEN=1 to write it"
     want = path.read_text()
     if got != want:
-        import difflib
-
         diff = "".join(
             difflib.unified_diff(
                 want.splitlines(keepends=True), got.splitlines(keepends=True), "want", "got", n=1

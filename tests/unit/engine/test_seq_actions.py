@@ -27,9 +27,7 @@ def _paused_after_failed_analysis() -> Run:
     sim = Sim.cluster({"canary": 2, "general": 2})
     sim.verdict = "Fail"
     stages = [{**s, "bakeSeconds": 20} for s in THREE_STAGES]
-    run = Run(
-        sim, make_policy(stages=stages, analysis=ANALYSIS, rollback={"automatic": False})
-    )
+    run = Run(sim, make_policy(stages=stages, analysis=ANALYSIS, rollback={"automatic": False}))
     run.until(lambda p: p.status.phase == Phase.PAUSED)
     assert paused_code(run.policy.status) == "AnalysisFailed"
     return run
@@ -186,4 +184,3 @@ def test_an_action_the_phase_cannot_honour_posts_a_warning(where: str, action: s
     run.steps(3)
     assert _warned_about(run, since, action), f"{action} in {phase}: nothing said"
     assert sim.action is None, "consumed"
-

@@ -107,8 +107,7 @@ def test_a_single_full_stage_records_its_baseline_before_the_first_move() -> Non
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 9 item 19: rounds measured while a newcomer joins a baking stage are not"
-    " counted",
+    reason="issue 9 item 19: rounds measured while a newcomer joins a baking stage are not counted",
 )
 def test_failing_rounds_count_while_a_newcomer_joins_a_baking_stage() -> None:
     """issue 9 item 19: failing rounds during a newcomer's move count (failureLimit 2):

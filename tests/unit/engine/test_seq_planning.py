@@ -127,8 +127,10 @@ def test_dropping_the_stage_in_progress_keeps_its_moved_nodes_and_deletion_resto
     sim = Sim.cluster({"canary": 2, "general": 6})
     run = Run(sim, make_policy())
     run.until(
-        lambda p: p.status.current_stage == 1
-        and any(n.startswith("general") for n in nodes_labelled(sim, "nftables"))
+        lambda p: (
+            p.status.current_stage == 1
+            and any(n.startswith("general") for n in nodes_labelled(sim, "nftables"))
+        )
     )
     moved = nodes_labelled(sim, "nftables") | nodes_labelled(sim, "switching")
     renamed = [THREE_STAGES[0], {"name": "rest", "percent": 100, "bakeSeconds": 10}]
@@ -168,8 +170,9 @@ def test_two_policies_created_together_only_one_proceeds() -> None:
         sim.tick(2.0)
         for node in sim.nodes:
             assert len(sim.proxies_on(node)) <= 1, f"two kube-proxies on {node}"
-    moving = [r for r in (first, second) if r.policy.status.phase not in (Phase.PENDING,
-                                                                           Phase.FAILED)]
+    moving = [
+        r for r in (first, second) if r.policy.status.phase not in (Phase.PENDING, Phase.FAILED)
+    ]
     assert len(moving) == 1, [str(r.policy.status.phase) for r in (first, second)]
     other = second if moving[0] is first else first
     assert moving[0].name in (other.policy.status.message or ""), other.policy.status.message
@@ -293,15 +296,15 @@ def test_a_plan_edit_while_paused_in_finalizing_never_remigrates_handed_back_nod
     sim = Sim.cluster({"canary": 2, "general": 4})
     run = Run(sim, make_policy())
     run.until(
-        lambda p: p.status.phase == Phase.FINALIZING
-        and any(MODE_LABEL not in v.labels for v in sim.nodes.values())
+        lambda p: (
+            p.status.phase == Phase.FINALIZING
+            and any(MODE_LABEL not in v.labels for v in sim.nodes.values())
+        )
     )
     handed_back = {n for n, v in sim.nodes.items() if MODE_LABEL not in v.labels}
     run.policy = with_spec(run.policy, paused=True)
     run.steps(2)
-    run.policy = with_spec(
-        run.policy, stages=[THREE_STAGES[0], {"name": "rest", "percent": 100}]
-    )
+    run.policy = with_spec(run.policy, stages=[THREE_STAGES[0], {"name": "rest", "percent": 100}])
     run.steps(2)
     run.policy = with_spec(run.policy, paused=False)
     sim.action = "resume"

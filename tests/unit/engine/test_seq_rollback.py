@@ -115,10 +115,7 @@ def test_deleting_a_policy_whose_rollback_is_stuck_does_not_flap() -> None:
     reasons = history_reasons(run.policy.status)
     assert reasons.count("RollbackStarted") <= 2, reasons
     warnings = [
-        a
-        for d in run.decisions[before:]
-        for a in d.actions
-        if getattr(a, "type", "") == "Warning"
+        a for d in run.decisions[before:] for a in d.actions if getattr(a, "type", "") == "Warning"
     ]
     assert len(warnings) <= 3, [w.reason for w in warnings]
 
