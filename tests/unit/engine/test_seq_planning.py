@@ -121,9 +121,20 @@ def test_editing_the_stages_of_a_completed_mixed_mode_policy_pauses_for_the_new_
     assert set(st.stages[1].nodes) == {"general-1", "general-2", "general-3"}
 
 
-def test_dropping_the_stage_in_progress_keeps_its_moved_nodes_and_deletion_restores() -> None:
-    """issue 9 item 3: a plan edit that drops the stage in progress forgets no moved node;
-    deleting the policy then puts every node back, never two kube-proxies on one."""
+EDITS = {
+    "drop": [THREE_STAGES[0], {"name": "rest", "percent": 100, "bakeSeconds": 10}],
+    "rename": [THREE_STAGES[0], {**THREE_STAGES[1], "name": "halfway"}, THREE_STAGES[2]],
+    "only-first": [THREE_STAGES[0]],
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+@pytest.mark.parametrize("resume", [False, True], ids=["deleted-paused", "resumed-then-deleted"])
+def test_dropping_the_stage_in_progress_keeps_its_moved_nodes_and_deletion_restores(
+    edit: str, resume: bool
+) -> None:
+    """issue 9 item 3: a plan edit that drops or renames the stage in progress forgets no
+    moved node; deleting the policy then puts every node back, never two kube-proxies."""
     sim = Sim.cluster({"canary": 2, "general": 6})
     run = Run(sim, make_policy())
     run.until(
@@ -133,11 +144,11 @@ def test_dropping_the_stage_in_progress_keeps_its_moved_nodes_and_deletion_resto
         )
     )
     moved = nodes_labelled(sim, "nftables") | nodes_labelled(sim, "switching")
-    renamed = [THREE_STAGES[0], {"name": "rest", "percent": 100, "bakeSeconds": 10}]
-    run.policy = with_spec(run.policy, stages=renamed)
+    run.policy = with_spec(run.policy, stages=EDITS[edit])
     run.steps(3)
-    sim.action = "resume"
-    run.steps(6)
+    if resume:
+        sim.action = "resume"
+        run.steps(6)
     recorded = {n for s in run.policy.status.stages for n in s.nodes}
     assert moved <= recorded, f"forgotten: {sorted(moved - recorded)}"
     run.deleting = True
