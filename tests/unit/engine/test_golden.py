@@ -31,7 +31,15 @@ from proxymode.engine.actions import (
     SetNodeMode,
 )
 from proxymode.engine.observed import MODE_LABEL
-from tests.unit.engine.seq import THREE_STAGES, Run, make_policy, rollback_code, terminal, with_spec
+from tests.unit.engine.seq import (
+    THREE_STAGES,
+    Run,
+    make_policy,
+    paused_code,
+    rollback_code,
+    terminal,
+    with_spec,
+)
 from tests.unit.engine.sim import Sim
 
 TESTDATA = Path(__file__).parent / "testdata"
@@ -69,9 +77,10 @@ def line(sim: Sim, policy: ProxyModePolicy, decision: Decision) -> str:
         by_label.setdefault(node.labels.get(MODE_LABEL) or "source", []).append(name)
     nodes = " ".join(f"{k}={','.join(v)}" for k, v in sorted(by_label.items()))
     stage = st.stages[st.current_stage].name if st.current_stage is not None and st.stages else "-"
-    extra = f" rollback={rollback_code(st)}" if st.rollback_reason else ""
-    if st.paused_reason:
-        extra += f" paused={st.paused_reason}"
+    code = rollback_code(st)
+    extra = f" rollback={code}" if code else ""
+    if paused_code(st):
+        extra += f" paused={paused_code(st)}"
     actions = "; ".join(summarise(a) for a in decision.actions) or "-"
     return f"{st.phase} stage={stage}{extra} | {nodes} | {actions}"
 

@@ -42,7 +42,7 @@ def _jobs_for(run: Run, node: str) -> list[CreateJob]:
 
 def _said(run: Run) -> str:
     st = run.policy.status
-    return f"{st.message} {st.rollback_reason or ''}"
+    return f"{st.message} {rollback_text(st)}"
 
 
 @pytest.mark.xfail(

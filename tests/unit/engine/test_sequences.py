@@ -16,7 +16,16 @@ import pytest
 from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.engine.actions import CreateJob
 from proxymode.engine.observed import MODE_LABEL
-from tests.unit.engine.seq import THREE_STAGES, Run, config_mode, make_policy, terminal
+from tests.unit.engine.seq import (
+    THREE_STAGES,
+    Run,
+    config_mode,
+    make_policy,
+    paused_code,
+    rollback_code,
+    rollback_text,
+    terminal,
+)
 from tests.unit.engine.sim import Sim
 
 
@@ -142,9 +151,8 @@ def test_crash_looping_canaries_roll_back_automatically_with_a_reason() -> None:
     run.until(terminal)
     st = run.policy.status
     assert st.phase == Phase.ROLLED_BACK
-    assert (st.rollback_reason and "restarted" in st.rollback_reason) or "not Ready" in (
-        st.rollback_reason or ""
-    )
+    assert rollback_code(st) == "KubeProxyUnhealthy"
+    assert "restarted" in rollback_text(st) or "not Ready" in rollback_text(st)
     assert {c.type: c.status for c in st.conditions}["Degraded"] == "True"
     assert run.phases()[-2:] == ["RollingBack", "RolledBack"]
     sim.crashloop_target = False
@@ -156,7 +164,7 @@ def test_without_automatic_rollback_a_breach_pauses() -> None:
     sim.crashloop_target = True
     run = Run(sim, make_policy(rollback={"automatic": False}))
     run.until(lambda p: p.status.phase == Phase.PAUSED)
-    assert run.policy.status.paused_reason == "KubeProxyUnhealthy"
+    assert paused_code(run.policy.status) == "KubeProxyUnhealthy"
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -272,7 +280,7 @@ def test_a_plan_change_mid_rollout_pauses_until_resumed() -> None:
     )
     run.step()
     assert run.policy.status.phase == Phase.PAUSED
-    assert run.policy.status.paused_reason == "PlanChanged"
+    assert paused_code(run.policy.status) == "PlanChanged"
     sim.action = "resume"
     run.until(terminal)
     st = run.policy.status
