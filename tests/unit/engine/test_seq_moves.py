@@ -136,12 +136,24 @@ def test_deleting_the_source_daemon_set_while_the_cleanup_job_is_pending_never_r
     assert run.decisions[-1].release_finalizer
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 10: a label lost late in the last bake: Finalize starts with the"
+    " node on the source, and its rolling restart switches it iptables->ipvs uncleaned",
+)
 def test_finalize_waits_until_every_planned_node_is_on_the_target() -> None:
     """issue 9 item 10: a planned node that lost its label is moved again (with its cleanup
     Job) before Finalizing; the final rolling restart never switches a node uncleaned."""
     sim = Sim.cluster({"canary": 1, "general": 2})
     run = Run(sim, make_policy(targetMode="ipvs"), check=False)
-    run.until(lambda p: p.status.current_stage == 2 and p.status.phase == Phase.ANALYZING)
+    # Late in the last bake (20 s): the budget is still held by the node when the bake ends.
+    run.until(
+        lambda p: (
+            p.status.current_stage == 2
+            and p.status.phase == Phase.ANALYZING
+            and (sim.now - (p.status.stages[2].baked_since or sim.now)).total_seconds() >= 16
+        )
+    )
     del sim.nodes["canary-1"].labels[MODE_LABEL]  # a person (or a script) removed it
     planned = {n for s in run.policy.status.stages for n in s.nodes}
     while not terminal(run.policy):
