@@ -5,10 +5,17 @@ sandbox tests check those rules against the real controllers):
 
 - DaemonSet controller: a pod on every node matching the current template's node
   selector and required affinity, deleted from nodes that stop matching whatever the
-  update strategy; with RollingUpdate, pods of an older template are replaced one per
-  tick; with OnDelete, never.
-- kubelet: a new pod is Ready one tick after it appears; a deleted pod terminates for
-  one tick, then is gone. Pods can be told to crash-loop.
+  update strategy; with RollingUpdate (surge 0), a pod of an older template is deleted
+  only while fewer than ``maxUnavailable`` wanted nodes lack a Ready pod of the DaemonSet,
+  so the next stale pod waits until the previous one's replacement is Ready, as the real
+  controller does; with OnDelete, never.
+- kubelet: a new pod reads its ConfigMap when it starts (``SimPod.mode``: the mode it
+  runs, whatever the ConfigMap says later) and is Ready one tick after it appears; a
+  deleted pod terminates for one tick, then is gone. Pods can be told to crash-loop.
+- Other policies (``Sim.policies``): the rivals each policy's adapter would report in
+  ``ClusterFacts.other_policies`` (same source DaemonSet, in flight or mixed mode).
+- Analysis (``Sim.verdict``): when set, a fresh round of that verdict every
+  ``round_every`` seconds, as the Prometheus adapter would hand the engine.
 - Job controller: a cleanup Job succeeds one tick after it is created (or fails, if asked).
 - API server: JSON patches with a failing ``test`` and label changes with a stale
   ``expect`` are refused (ConflictError), like a real precondition failure.
@@ -28,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jsonpatch
+import yaml
 
 from proxymode.engine.actions import (
     Action,
@@ -42,6 +50,8 @@ from proxymode.engine.actions import (
 )
 from proxymode.engine.observed import (
     MODE_LABEL,
+    AnalysisRound,
+    CheckOutcome,
     CleanupJobView,
     ClusterFacts,
     NodeView,
@@ -53,6 +63,7 @@ from proxymode_sandbox import kubeadm_proxy
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 NS = "kube-system"
+IN_FLIGHT = ("Preflight", "Progressing", "Analyzing", "Paused", "Finalizing", "RollingBack")
 
 
 class ConflictError(Exception):
@@ -68,12 +79,15 @@ class SimPod:
     age: int = 0
     terminating: int = 0  # ticks left; 0 = not terminating
     crashloop: bool = False
+    unready: int = 0  # ticks left of a passing not-Ready spell (a failed probe)
     restarts: int = 0
     born: datetime = T0
+    mode: str | None = None  # the proxy mode read from its ConfigMap when it started
+    config: str | None = None  # the ConfigMap it read
 
     @property
     def ready(self) -> bool:
-        return self.age >= 1 and not self.crashloop and not self.terminating
+        return self.age >= 1 and not self.crashloop and not self.terminating and not self.unready
 
 
 @dataclass
@@ -95,6 +109,26 @@ class Sim:
     action: str | None = None
     crashloop_target: bool = False
     fail_jobs: bool = False
+    hang_jobs: bool = False
+    """Cleanup Jobs never finish (a pod stuck Pending, an image that never pulls)."""
+    stuck: set[str] = field(default_factory=set)
+    """Nodes whose terminating pods never go away (a kubelet that stopped answering)."""
+    termination_ticks: dict[str, int] = field(default_factory=dict)
+    """Per node, how many ticks a deleted pod takes to terminate (default 2)."""
+    broken: set[str] = field(default_factory=set)
+    """Nodes whose kube-proxy pods, of either DaemonSet, crash-loop."""
+    server_defaults: dict[str, Any] = field(default_factory=dict)
+    """DaemonSet spec fields the API server defaults on every write (a newer server)."""
+    served: set[str] = field(default_factory=set)
+    """Nodes that have had a Ready kube-proxy since they joined."""
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Every policy's last stored wire form (name -> {spec, status}), for rival detection."""
+    verdict: str | None = None
+    """Each check's verdict in the analysis rounds; None: no round at all."""
+    checks: tuple[str, ...] = ("sync-latency",)
+    round_every: float = 10.0
+    baseline_values: dict[str, float] = field(default_factory=dict)
+    _last_round: datetime | None = None
     _seq: int = 0
     _rv: int = 100
     log: list[str] = field(default_factory=list)
@@ -122,7 +156,13 @@ class Sim:
             sim.tick()
         return sim
 
+    def _grace(self, node: str) -> int:
+        return self.termination_ticks.get(node, 2)
+
     def _store(self, obj: dict[str, Any]) -> None:
+        if obj["kind"] == "DaemonSet":
+            for key, value in self.server_defaults.items():
+                obj["spec"].setdefault(key, copy.deepcopy(value))
         meta = obj.setdefault("metadata", {})
         meta.setdefault("namespace", NS)
         self._rv += 1
@@ -147,17 +187,26 @@ class Sim:
             pod.age += 1
             if pod.crashloop:
                 pod.restarts += 1
-        self.pods = [p for p in self.pods if not (p.terminating and p.terminating <= 1)]
+        self.pods = [
+            p
+            for p in self.pods
+            if not (p.terminating and p.terminating <= 1 and p.node not in self.stuck)
+        ]
         for pod in self.pods:
-            if pod.terminating:
+            if pod.terminating and pod.node not in self.stuck:
                 pod.terminating -= 1
+            if pod.unready:
+                pod.unready -= 1
+            if pod.node in self.broken and not pod.crashloop:
+                pod.crashloop = True
         for (kind, _), ds in list(self.objects.items()):
             if kind == "DaemonSet":
                 self._reconcile_daemon_set(ds)
         for job in self.jobs.values():
-            if job["age"] >= 1 and not job["done"]:
+            if job["age"] >= 1 and not job["done"] and not self.hang_jobs:
                 job["done"] = "failed" if self.fail_jobs else "succeeded"
             job["age"] += 1
+        self.served |= {p.node for p in self.pods if p.ready}
 
     def _reconcile_daemon_set(self, ds: dict[str, Any]) -> None:
         name = ds["metadata"]["name"]
@@ -166,24 +215,45 @@ class Sim:
         wanted = {n for n, node in self.nodes.items() if _schedulable(ds, node)}
         for pod in mine:
             if pod.node not in wanted or pod.node not in self.nodes:
-                pod.terminating = 2
+                pod.terminating = self._grace(pod.node)
         have = {p.node for p in self.pods if p.owner == name}
         for node in sorted(wanted - have):
             self._seq += 1
-            pod = SimPod(f"{name}-{self._seq}", node, name, template, born=self.now)
+            config = _config_map_of(ds)
+            pod = SimPod(
+                f"{name}-{self._seq}",
+                node,
+                name,
+                template,
+                born=self.now,
+                mode=self._mode_in(config),
+                config=config,
+            )
             if self.crashloop_target and MODE_LABEL in ds["spec"]["selector"]["matchLabels"]:
                 pod.crashloop = True
+            if node in self.broken:
+                pod.crashloop = True
             self.pods.append(pod)
-        if ds["spec"].get("updateStrategy", {}).get("type", "RollingUpdate") == "RollingUpdate":
-            stale = [
-                p
-                for p in self.pods
-                if p.owner == name and p.template != template and not p.terminating
-            ]
-            if stale and all(
-                p.ready for p in self.pods if p.owner == name and p.template == template
+        strategy = ds["spec"].get("updateStrategy", {})
+        if strategy.get("type", "RollingUpdate") == "RollingUpdate":
+            budget = _max_unavailable(strategy, len(wanted))
+            for pod in sorted(
+                (
+                    p
+                    for p in self.pods
+                    if p.owner == name and p.template != template and not p.terminating
+                ),
+                key=lambda p: p.node,
             ):
-                stale[0].terminating = 2
+                # Unavailable: a wanted node without a Ready, not terminating pod of this
+                # DaemonSet (a stale pod being replaced counts until its successor is Ready).
+                unavailable = sum(
+                    not any(p.ready for p in self.pods if p.owner == name and p.node == n)
+                    for n in wanted
+                )
+                if unavailable >= budget:
+                    break
+                pod.terminating = self._grace(pod.node)
         live = [p for p in self.pods if p.owner == name and not p.terminating]
         ds["status"] = {
             "observedGeneration": ds["metadata"]["generation"],
@@ -194,9 +264,50 @@ class Sim:
             "numberUnavailable": len(wanted) - sum(p.ready for p in live),
         }
 
+    def _mode_in(self, config_map: str | None) -> str | None:
+        cm = self.get("ConfigMap", config_map) if config_map else None
+        text = (cm or {}).get("data", {}).get("config.conf")
+        if text is None:
+            return None
+        return str((yaml.safe_load(text) or {}).get("mode") or "iptables")
+
+    def rivals(self, mine: str) -> tuple[str, ...]:
+        """What the adapter reports: other policies on the same source DaemonSet, active."""
+        out = []
+        for name, wire in sorted(self.policies.items()):
+            status = wire.get("status") or {}
+            active = status.get("phase") in IN_FLIGHT or (
+                status.get("phase") == "Completed" and status.get("finalized") is False
+            )
+            if name != mine and active:
+                out.append(name)
+        return tuple(out)
+
+    def analysis_round(self) -> AnalysisRound | None:
+        """A fresh round every ``round_every`` seconds while ``verdict`` is set."""
+        if self.verdict is None:
+            return None
+        due = self._last_round is None or (
+            (self.now - self._last_round).total_seconds() >= self.round_every
+        )
+        if due:
+            self._last_round = self.now
+        assert self._last_round is not None
+        return AnalysisRound(
+            time=self._last_round,
+            checks=tuple(
+                CheckOutcome(name, self.verdict, canary=0.5, baseline=0.5, message=self.verdict)
+                for name in self.checks
+            ),
+            # The baseline group is the nodes still on the source mode: none left, no values.
+            baseline_values=dict(self.baseline_values)
+            if any(MODE_LABEL not in n.labels for n in self.nodes.values())
+            else {},
+        )
+
     # -- what the engine sees and does ------------------------------------------------------
 
-    def observe(self, generation: int = 1, deleting: bool = False) -> Observed:
+    def observe(self, generation: int = 1, deleting: bool = False, policy: str = "") -> Observed:
         source = self.get("DaemonSet", "kube-proxy")
         target = next(
             (o for (k, n), o in self.objects.items() if k == "DaemonSet" and n != "kube-proxy"),
@@ -253,7 +364,13 @@ class Sim:
             target_config_map=copy.deepcopy(target_cm),
             backup=dict(backup) if backup is not None else None,
             jobs=jobs,
-            facts=ClusterFacts(kubernetes_version="v1.37.2", services=10, endpoint_slices=12),
+            facts=ClusterFacts(
+                kubernetes_version="v1.37.2",
+                services=10,
+                endpoint_slices=12,
+                other_policies=self.rivals(policy),
+            ),
+            analysis=self.analysis_round(),
             action=self.action,
             deleting=deleting,
         )
@@ -311,7 +428,7 @@ class Sim:
                 if action.kind == "DaemonSet":
                     for pod in self.pods:
                         if pod.owner == action.name:
-                            pod.terminating = 2
+                            pod.terminating = self._grace(pod.node)
         elif isinstance(action, EmitEvent):
             self.events.append(action)
         elif isinstance(action, ClearAction):
@@ -332,11 +449,15 @@ class Sim:
             if any(o.get("uid") == owner_uid for o in owners):
                 del self.objects[key]
 
-    def add_node(self, name: str, pool: str, zone: str = "zone-a") -> None:
-        self.nodes[name] = SimNode(name, {"pool": pool, "kubernetes.io/os": "linux"}, zone=zone)
+    def add_node(
+        self, name: str, pool: str, zone: str = "zone-a", kernel: str = "6.1.0-28-cloud-amd64"
+    ) -> None:
+        labels = {"pool": pool, "kubernetes.io/os": "linux", "kubernetes.io/hostname": name}
+        self.nodes[name] = SimNode(name, labels, kernel=kernel, zone=zone)
 
     def remove_node(self, name: str) -> None:
         del self.nodes[name]
+        self.served.discard(name)
         self.pods = [p for p in self.pods if p.node != name]
 
 
@@ -368,3 +489,20 @@ def _schedulable(ds: dict[str, Any], node: SimNode) -> bool:
         if ok:
             return True
     return False
+
+
+def _max_unavailable(strategy: dict[str, Any], wanted: int) -> int:
+    """``rollingUpdate.maxUnavailable`` (int or percent, rounded up, at least 1), default 1."""
+    value = (strategy.get("rollingUpdate") or {}).get("maxUnavailable", 1)
+    if isinstance(value, str) and value.endswith("%"):
+        return max(1, -(-wanted * int(value[:-1]) // 100))
+    return max(1, int(value))
+
+
+def _config_map_of(ds: dict[str, Any]) -> str | None:
+    """The ConfigMap the pod template mounts (kube-proxy reads its config from it)."""
+    for volume in ds["spec"]["template"]["spec"].get("volumes", []):
+        name = (volume.get("configMap") or {}).get("name")
+        if name:
+            return str(name)
+    return None

@@ -7,131 +7,26 @@ after acting), actions cut short (it died mid-way), an action conflict.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
-from collections.abc import Callable
-from typing import Any
 
 import pytest
-import yaml
 
 from proxymode.api.models import Phase, ProxyModePolicy
-from proxymode.engine.actions import CreateJob, Decision
-from proxymode.engine.machine import advance
+from proxymode.engine.actions import CreateJob
 from proxymode.engine.observed import MODE_LABEL
-from proxymode.engine.planner import max_unavailable_count
+from tests.unit.engine.seq import (
+    THREE_STAGES,
+    Run,
+    config_mode,
+    make_policy,
+    paused_code,
+    rollback_code,
+    rollback_text,
+    terminal,
+)
 from tests.unit.engine.sim import Sim
-
-Hook = Callable[[int, Sim, ProxyModePolicy], None]
-THREE_STAGES = [
-    {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}, "bakeSeconds": 20},
-    {"name": "half", "percent": 50, "bakeSeconds": 20},
-    {"name": "all", "percent": 100, "bakeSeconds": 20},
-]
-
-
-def make_policy(**spec: Any) -> ProxyModePolicy:
-    body = {"targetMode": "nftables", "stages": THREE_STAGES, **spec}
-    return ProxyModePolicy.model_validate(
-        {"metadata": {"name": "to-nft", "uid": "uid-1", "generation": 1}, "spec": body}
-    )
-
-
-class Run:
-    """Drives one policy through the simulated cluster, checking invariants every step."""
-
-    def __init__(self, sim: Sim, policy: ProxyModePolicy) -> None:
-        self.sim = sim
-        self.policy = policy
-        self.decisions: list[Decision] = []
-        self.original_ds = json.dumps(sim.get("DaemonSet", "kube-proxy")["spec"], sort_keys=True)
-        self.original_cm = dict(sim.get("ConfigMap", "kube-proxy")["data"])
-        self.deleting = False
-        self.budget = max_unavailable_count(policy.spec.max_unavailable, len(sim.nodes))
-
-    def step(self, *, lose_status: bool = False, stop_after: int | None = None) -> Decision:
-        obs = self.sim.observe(generation=1, deleting=self.deleting)
-        decision = advance(self.policy, obs)
-        self.decisions.append(decision)
-        self.sim.execute(decision.actions, stop_after=stop_after)
-        if not lose_status:
-            self.policy = self.policy.model_copy(update={"status": decision.status})
-        self.sim.tick(min(decision.requeue_seconds, 5.0))
-        self.check()
-        return decision
-
-    def until(
-        self,
-        done: Callable[[ProxyModePolicy], bool],
-        *,
-        limit: int = 400,
-        hook: Hook | None = None,
-        rng: random.Random | None = None,
-    ) -> None:
-        for i in range(limit):
-            if hook:
-                hook(i, self.sim, self.policy)
-            lose = bool(rng and rng.random() < 0.15)
-            cut = rng.randrange(0, 3) if rng and rng.random() < 0.15 else None
-            decision = self.step(lose_status=lose, stop_after=cut)
-            if done(self.policy) or (self.deleting and decision.release_finalizer):
-                return
-        raise AssertionError(
-            f"not done after {limit} steps; phase {self.policy.status.phase}:"
-            f" {self.policy.status.message}"
-        )
-
-    def check(self) -> None:
-        for node in self.sim.nodes:
-            assert len(self.sim.proxies_on(node)) <= 1, f"two kube-proxies on {node}"
-        down = self.sim.without_ready_proxy() - self._crashing()
-        assert len(down) <= self.budget + 1, f"{sorted(down)} without a Ready kube-proxy"
-        switching = [
-            n for n, v in self.sim.nodes.items() if v.labels.get(MODE_LABEL) == "switching"
-        ]
-        assert len(switching) <= self.budget, f"{switching} between proxies at once"
-        recorded = {n for s in self.policy.status.stages for n in s.nodes}
-        labelled = {n for n, v in self.sim.nodes.items() if MODE_LABEL in v.labels}
-        assert labelled <= recorded | {m.node for m in self.policy.status.moves}, (
-            f"labelled but not recorded: {labelled - recorded}"
-        )
-
-    def _crashing(self) -> set[str]:
-        return {p.node for p in self.sim.pods if p.crashloop}
-
-    def phases(self) -> list[str]:
-        return [h.phase for h in self.policy.status.history]
-
-    # -- end states ------------------------------------------------------------------------
-
-    def settle(self, steps: int = 3) -> None:
-        """A few more looks at a finished policy: it tidies up, then does nothing."""
-        phase = self.policy.status.phase
-        for _ in range(steps):
-            self.step()
-        assert self.policy.status.phase == phase
-        assert not [a for a in self.decisions[-1].actions], "a settled policy acts no more"
-
-    def assert_restored(self) -> None:
-        self.settle()
-        ds = self.sim.get("DaemonSet", "kube-proxy")
-        assert json.dumps(ds["spec"], sort_keys=True) == self.original_ds
-        assert self.sim.get("ConfigMap", "kube-proxy")["data"] == self.original_cm
-        assert all(MODE_LABEL not in n.labels for n in self.sim.nodes.values())
-        assert self.sim.get("DaemonSet", "kube-proxy-nftables") is None
-        assert self.sim.get("ConfigMap", "kube-proxy-nftables") is None
-        assert not [k for k in self.sim.objects if k[1].startswith("proxymode-backup")]
-        for node in self.sim.nodes:
-            pods = self.sim.proxies_on(node)
-            assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready, node
-
-
-def terminal(policy: ProxyModePolicy) -> bool:
-    return policy.status.phase in (Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED)
-
-
-def config_mode(sim: Sim) -> str:
-    return str(yaml.safe_load(sim.get("ConfigMap", "kube-proxy")["data"]["config.conf"])["mode"])
 
 
 def test_forward_through_three_stages_then_finalize() -> None:
@@ -194,25 +89,49 @@ def test_a_failed_cleanup_job_stops_the_move_and_fails_the_rollback_loudly() -> 
     assert sim.nodes["canary-1"].labels[MODE_LABEL] == "switching", "left for a person, said so"
 
 
-def _phases_by_step() -> list[str]:
-    """The phase at every step of an undisturbed rollout of the abort tests' cluster."""
+@functools.cache
+def phases_by_step() -> tuple[str, ...]:
+    """The phase before every step of an undisturbed rollout of the abort tests' cluster.
+
+    Computed once, on first use (not at import: collecting the suite runs no rollout).
+    """
     run = Run(Sim.cluster({"canary": 2, "general": 4}), make_policy())
     phases: list[str] = []
     run.until(lambda p: phases.append(str(p.status.phase)) is None and terminal(p))
-    return phases
+    return ("Pending", *phases[:-1])
 
 
-PHASES_BY_STEP = _phases_by_step()
-ABORT_STEPS = range(0, len(PHASES_BY_STEP) - 1, 3)
+IN_FLIGHT = ("Pending", "Progressing", "Analyzing", "Finalizing")
+ROLLBACK_READS_TARGET_MODE = pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 Also (config ordering): rollback from Finalizing walks nodes back before"
+    " the ConfigMap is restored; the source pods it starts read nftables",
+)
+ABORT_POINTS = [
+    pytest.param(
+        phase,
+        which,
+        marks=[ROLLBACK_READS_TARGET_MODE] if (phase, which) == ("Finalizing", "last") else [],
+    )
+    for phase in IN_FLIGHT
+    for which in ("first", "middle", "last")
+]
 
 
-def test_the_abort_steps_cover_every_phase_in_flight() -> None:
-    aborted_in = {PHASES_BY_STEP[i] for i in ABORT_STEPS}
-    assert {"Progressing", "Analyzing", "Finalizing"} <= aborted_in
+def abort_step(phase: str, which: str) -> int:
+    """The step at which the policy is in ``phase`` (its first, middle or last such look)."""
+    steps = [i for i, p in enumerate(phases_by_step()) if p == phase]
+    assert steps, f"an undisturbed run never looks in {phase}"
+    return {"first": steps[0], "middle": steps[len(steps) // 2], "last": steps[-1]}[which]
 
 
-@pytest.mark.parametrize("abort_at", ABORT_STEPS)
-def test_abort_at_any_step_restores_exactly(abort_at: int) -> None:
+def test_the_abort_points_cover_the_start_and_every_phase_in_flight() -> None:
+    assert set(IN_FLIGHT) <= set(phases_by_step())
+
+
+@pytest.mark.parametrize(("phase", "which"), ABORT_POINTS)
+def test_abort_at_any_step_restores_exactly(phase: str, which: str) -> None:
+    abort_at = abort_step(phase, which)
     sim = Sim.cluster({"canary": 2, "general": 4})
     run = Run(sim, make_policy())
 
@@ -232,9 +151,8 @@ def test_crash_looping_canaries_roll_back_automatically_with_a_reason() -> None:
     run.until(terminal)
     st = run.policy.status
     assert st.phase == Phase.ROLLED_BACK
-    assert st.rollback_reason == "KubeProxyUnhealthy"
-    message = st.rollback_message or ""
-    assert "restarted" in message or "not Ready" in message
+    assert rollback_code(st) == "KubeProxyUnhealthy"
+    assert "restarted" in rollback_text(st) or "not Ready" in rollback_text(st)
     assert {c.type: c.status for c in st.conditions}["Degraded"] == "True"
     assert run.phases()[-2:] == ["RollingBack", "RolledBack"]
     sim.crashloop_target = False
@@ -246,7 +164,7 @@ def test_without_automatic_rollback_a_breach_pauses() -> None:
     sim.crashloop_target = True
     run = Run(sim, make_policy(rollback={"automatic": False}))
     run.until(lambda p: p.status.phase == Phase.PAUSED)
-    assert run.policy.status.paused_reason == "KubeProxyUnhealthy"
+    assert paused_code(run.policy.status) == "KubeProxyUnhealthy"
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -362,7 +280,7 @@ def test_a_plan_change_mid_rollout_pauses_until_resumed() -> None:
     )
     run.step()
     assert run.policy.status.phase == Phase.PAUSED
-    assert run.policy.status.paused_reason == "PlanChanged"
+    assert paused_code(run.policy.status) == "PlanChanged"
     sim.action = "resume"
     run.until(terminal)
     st = run.policy.status

@@ -1,0 +1,186 @@
+"""Issue 9 sequences about the one-shot actions (promote, abort, retry, resume).
+
+Each test drives the public ``advance()`` through the controller model with the
+invariants checked at every step; xfail(strict) marks what today's engine gets wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from proxymode.api.models import Phase
+from proxymode.engine.actions import EmitEvent
+from tests.unit.engine.seq import (
+    ANALYSIS,
+    THREE_STAGES,
+    Run,
+    make_policy,
+    paused_code,
+    terminal,
+)
+from tests.unit.engine.sim import Sim
+
+
+def _paused_after_failed_analysis() -> Run:
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    sim.verdict = "Fail"
+    stages = [{**s, "bakeSeconds": 20} for s in THREE_STAGES]
+    run = Run(sim, make_policy(stages=stages, analysis=ANALYSIS, rollback={"automatic": False}))
+    run.until(lambda p: p.status.phase == Phase.PAUSED)
+    assert paused_code(run.policy.status) == "AnalysisFailed"
+    return run
+
+
+def _warned_about(run: Run, since: int, action: str) -> list[EmitEvent]:
+    return [
+        a
+        for d in run.decisions[since:]
+        for a in d.actions
+        if isinstance(a, EmitEvent) and a.type == "Warning" and action in a.message
+    ]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 8: resume after a failed-analysis pause breaches again before any"
+    " new round",
+)
+def test_resume_after_a_failed_analysis_pause_waits_for_new_rounds() -> None:
+    """issue 9 item 8 (rollback.automatic false): resume starts the failure count over;
+    with passing rounds from then on, the stage promotes (decision 0020)."""
+    run = _paused_after_failed_analysis()
+    run.sim.verdict = "Pass"
+    run.sim.action = "resume"
+    run.step()
+    run.step()
+    assert run.policy.status.phase != Phase.PAUSED, run.policy.status.message
+    run.until(lambda p: (p.status.current_stage or 0) >= 1 or p.status.phase == Phase.PAUSED)
+    assert run.policy.status.current_stage == 1, run.policy.status.message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 8: promote during a failed-analysis pause is accepted, then swallowed",
+)
+def test_promote_during_a_failed_analysis_pause_promotes_the_stage() -> None:
+    """issue 9 item 8: a person's promote overrides the failing gate of the stage (decision
+    0020): the next stage starts."""
+    run = _paused_after_failed_analysis()
+    run.sim.action = "promote"
+    for _ in range(4):
+        run.step()
+    assert run.policy.status.current_stage == 1, run.policy.status.message
+
+
+def _failed(sim: Sim) -> Run:
+    sim.fail_jobs = True
+    run = Run(sim, make_policy(targetMode="ipvs"))
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.FAILED
+    return run
+
+
+def _mixed_mode(sim: Sim) -> Run:
+    run = Run(sim, make_policy(stages=[THREE_STAGES[0]]))
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED and not run.policy.status.finalized
+    return run
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 21: abort is consumed silently in Failed",
+)
+def test_abort_in_failed_is_honoured_or_refused_out_loud() -> None:
+    """issue 9 item 21: abort in Failed rolls back or posts a Warning saying why not."""
+    sim = Sim.cluster({"canary": 1, "general": 1})
+    run = _failed(sim)
+    since = len(run.decisions)
+    sim.action = "abort"
+    run.steps(3)
+    rolled = run.policy.status.phase in (Phase.ROLLING_BACK, Phase.ROLLED_BACK)
+    assert rolled or _warned_about(run, since, "abort")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 21: abort is consumed silently in mixed-mode Completed",
+)
+def test_abort_in_mixed_mode_completed_is_honoured_or_refused_out_loud() -> None:
+    """issue 9 item 21: abort of a mixed-mode Completed policy rolls back or posts a
+    Warning saying why not (preflight advises it)."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    run = _mixed_mode(sim)
+    since = len(run.decisions)
+    sim.action = "abort"
+    run.steps(3)
+    rolled = run.policy.status.phase in (Phase.ROLLING_BACK, Phase.ROLLED_BACK)
+    assert rolled or _warned_about(run, since, "abort")
+
+
+def _analyzing(sim: Sim) -> Run:
+    slow = [{**s, "bakeSeconds": 3600} for s in THREE_STAGES]
+    run = Run(sim, make_policy(stages=slow))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    return run
+
+
+def _progressing(sim: Sim) -> Run:
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.phase == Phase.PROGRESSING and bool(p.status.moves))
+    return run
+
+
+def _completed(sim: Sim) -> Run:
+    run = Run(sim, make_policy())
+    run.until(terminal)
+    return run
+
+
+SETUPS: dict[str, Callable[[Sim], Run]] = {
+    "analyzing": _analyzing,
+    "progressing": _progressing,
+    "completed": _completed,
+}
+
+
+@pytest.mark.parametrize(
+    ("where", "action"),
+    [
+        pytest.param(
+            "analyzing",
+            "resume",
+            marks=pytest.mark.xfail(
+                strict=True, reason="issue 9 item 21: resume while not paused is silent"
+            ),
+        ),
+        pytest.param(
+            "progressing",
+            "retry",
+            marks=pytest.mark.xfail(
+                strict=True, reason="issue 9 item 21: retry while in flight is silent"
+            ),
+        ),
+        pytest.param(
+            "completed",
+            "abort",
+            marks=pytest.mark.xfail(
+                strict=True, reason="issue 9 item 21: abort of a finalized policy is silent"
+            ),
+        ),
+        ("progressing", "promote"),
+    ],
+)
+def test_an_action_the_phase_cannot_honour_posts_a_warning(where: str, action: str) -> None:
+    """issue 9 item 21: every one-shot action the phase cannot honour posts a Warning
+    saying why (like PromoteIgnored), and is then removed."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    run = SETUPS[where](sim)
+    phase = run.policy.status.phase
+    since = len(run.decisions)
+    sim.action = action
+    run.steps(3)
+    assert _warned_about(run, since, action), f"{action} in {phase}: nothing said"
+    assert sim.action is None, "consumed"

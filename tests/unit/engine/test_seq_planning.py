@@ -1,0 +1,349 @@
+"""Issue 9 sequences about the plan: caps, newcomers, plan edits, rivals, pre-set labels.
+
+Each test drives the public ``advance()`` through the controller model (``sim.Sim``) with
+the invariants checked at every step, and asserts the behaviour issue 9 expects. A test
+marked xfail(strict) fails against today's engine: the reason says what happens instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from proxymode.api.models import Phase, ProxyModePolicy
+from proxymode.engine.observed import MODE_LABEL
+from tests.unit.engine.seq import (
+    ANALYSIS,
+    THREE_STAGES,
+    Run,
+    check_world,
+    history_reasons,
+    make_policy,
+    nodes_labelled,
+    paused_code,
+    phase_is,
+    terminal,
+    with_spec,
+)
+from tests.unit.engine.sim import Sim
+
+CANARY = {"matchLabels": {"pool": "canary"}}
+GENERAL = {"matchLabels": {"pool": "general"}}
+
+
+def _max_stage_size(run: Run, index: int) -> int:
+    peak = 0
+
+    def hook(_i: int, _s: Sim, p: ProxyModePolicy) -> None:
+        nonlocal peak
+        if len(p.status.stages) > index:
+            peak = max(peak, len(p.status.stages[index].nodes))
+
+    run.until(lambda p: p.status.phase in (Phase.COMPLETED, Phase.FAILED), hook=hook)
+    return max(peak, len(run.policy.status.stages[index].nodes))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 1: the next look takes the canary nodes the cap left out as newcomers",
+)
+def test_stage_max_nodes_cap_holds_across_later_stages() -> None:
+    """issue 9 item 1: {nodeSelector: pool=canary, maxNodes: 3} keeps 3 nodes to the end;
+    the canary nodes the cap left out are not newcomers (none joined the cluster)."""
+    sim = Sim.cluster({"canary": 5, "general": 4})
+    stages = [
+        {"name": "canary", "nodeSelector": CANARY, "maxNodes": 3, "bakeSeconds": 10},
+        {"name": "general", "nodeSelector": GENERAL, "bakeSeconds": 10},
+    ]
+    run = Run(sim, make_policy(stages=stages))
+    assert _max_stage_size(run, 0) == 3
+    assert not run.events("NodeJoined"), "no node joined the cluster: there is no newcomer"
+    assert len(nodes_labelled(sim, "nftables") & {f"canary-{i}" for i in range(1, 6)}) == 3
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 1: a {percent: 100, maxNodes: 2} stage grows past its cap",
+)
+def test_percent_stage_max_nodes_cap_holds() -> None:
+    """issue 9 item 1: {percent: 100, maxNodes: 2} followed by more stages stays at 2 nodes."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    stages = [
+        {"name": "two", "percent": 100, "maxNodes": 2, "bakeSeconds": 10},
+        {"name": "canary", "nodeSelector": CANARY, "bakeSeconds": 10},
+    ]
+    run = Run(sim, make_policy(stages=stages))
+    assert _max_stage_size(run, 0) == 2
+    assert not run.events("NodeJoined")
+
+
+def test_a_node_that_joins_the_cluster_is_a_newcomer_of_a_capped_selector_stage() -> None:
+    """issue 9 item 1 (the other half): a node that really joined still joins its pool's stage."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    stages = [
+        {"name": "canary", "nodeSelector": CANARY, "maxNodes": 3, "bakeSeconds": 10},
+        {"name": "all", "percent": 100, "bakeSeconds": 10},
+    ]
+    run = Run(sim, make_policy(stages=stages))
+    run.until(lambda p: p.status.current_stage == 1)
+    sim.add_node("canary-3", "canary")
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+    assert "canary-3" in [n for s in run.policy.status.stages for n in s.nodes]
+
+
+BOTH_POOLS = {
+    "matchExpressions": [{"key": "pool", "operator": "In", "values": ["canary", "general"]}]
+}
+MIXED_MODE_EDITS = {
+    "add-a-stage": [THREE_STAGES[0], {"name": "general", "nodeSelector": GENERAL}],
+    "widen-the-stage": [{"name": "canary", "nodeSelector": BOTH_POOLS, "bakeSeconds": 20}],
+}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 2: a plan edit of a Completed mixed-mode policy never pauses;"
+    " a widened stage moves the whole new pool at once, ungated, under the old stage",
+)
+@pytest.mark.parametrize("edit", sorted(MIXED_MODE_EDITS))
+def test_editing_the_stages_of_a_completed_mixed_mode_policy_pauses_for_the_new_plan(
+    edit: str,
+) -> None:
+    """issue 9 item 2: decision 0020 — a plan edit of a mixed-mode Completed policy pauses
+    (PlanChanged); nothing new moves until resume, and then stage by stage."""
+    sim = Sim.cluster({"canary": 2, "general": 3})
+    run = Run(sim, make_policy(stages=[THREE_STAGES[0]]))
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED and run.policy.status.finalized is False
+    run.policy = with_spec(run.policy, stages=MIXED_MODE_EDITS[edit])
+    run.steps(10)
+    assert not nodes_labelled(sim, "nftables") - {"canary-1", "canary-2"}, "nothing ungated"
+    assert not nodes_labelled(sim, "switching")
+    assert run.policy.status.phase == Phase.PAUSED
+    assert paused_code(run.policy.status) == "PlanChanged"
+    sim.action = "resume"
+    run.until(terminal)
+    st = run.policy.status
+    assert st.phase == Phase.COMPLETED, st.message
+    general = {"general-1", "general-2", "general-3"}
+    assert general <= nodes_labelled(sim, "nftables") or st.finalized, "the new plan ran"
+    if edit == "add-a-stage":
+        assert [s.name for s in st.stages] == ["canary", "general"]
+        assert set(st.stages[1].nodes) == general, "recorded under the new stage"
+
+
+EDITS = {
+    "drop": [THREE_STAGES[0], {"name": "rest", "percent": 100, "bakeSeconds": 10}],
+    "rename": [THREE_STAGES[0], {**THREE_STAGES[1], "name": "halfway"}, THREE_STAGES[2]],
+    "only-first": [THREE_STAGES[0]],
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+@pytest.mark.parametrize("resume", [False, True], ids=["deleted-paused", "resumed-then-deleted"])
+def test_dropping_the_stage_in_progress_keeps_its_moved_nodes_and_deletion_restores(
+    edit: str, resume: bool
+) -> None:
+    """issue 9 item 3: a plan edit that drops or renames the stage in progress forgets no
+    moved node; deleting the policy then puts every node back, never two kube-proxies."""
+    sim = Sim.cluster({"canary": 2, "general": 6})
+    run = Run(sim, make_policy())
+    run.until(
+        lambda p: (
+            p.status.current_stage == 1
+            and any(n.startswith("general") for n in nodes_labelled(sim, "nftables"))
+        )
+    )
+    moved = nodes_labelled(sim, "nftables") | nodes_labelled(sim, "switching")
+    run.policy = with_spec(run.policy, stages=EDITS[edit])
+    run.steps(3)
+    if resume:
+        sim.action = "resume"
+        run.steps(6)
+    recorded = {n for s in run.policy.status.stages for n in s.nodes}
+    assert moved <= recorded, f"forgotten: {sorted(moved - recorded)}"
+    run.deleting = True
+    run.until(lambda p: False, limit=300)
+    sim.collect_garbage("uid-1")
+    run.deleting = False
+    run.assert_restored()
+
+
+def _two_policies(sim: Sim) -> tuple[Run, Run]:
+    first = Run(sim, make_policy(), check=False)
+    second = Run(sim, make_policy(name="to-ipvs", uid="uid-2", targetMode="ipvs"), check=False)
+    return first, second
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 4: two policies created together both pass preflight and fight",
+)
+def test_two_policies_created_together_only_one_proceeds() -> None:
+    """issue 9 item 4: of two policies created in the same moment, exactly one proceeds;
+    the other waits or fails with a message naming the first; never two proxies on a node."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    first, second = _two_policies(sim)
+    for _ in range(40):
+        # Both operators' looks start at the same moment: neither sees the other's status.
+        seen = [run.observe() for run in (first, second)]
+        for run, observed in zip((first, second), seen, strict=True):
+            run.step(tick=False, observed=observed)
+        sim.tick(2.0)
+        for node in sim.nodes:
+            assert len(sim.proxies_on(node)) <= 1, f"two kube-proxies on {node}"
+    moving = [
+        r for r in (first, second) if r.policy.status.phase not in (Phase.PENDING, Phase.FAILED)
+    ]
+    assert len(moving) == 1, [str(r.policy.status.phase) for r in (first, second)]
+    other = second if moving[0] is first else first
+    assert moving[0].name in (other.policy.status.message or ""), other.policy.status.message
+
+
+def test_a_policy_created_while_another_is_in_flight_waits_and_names_it() -> None:
+    """issue 9 item 4: once one policy is in flight, a second one (a rival in
+    other_policies) never patches the source DaemonSet and says which policy holds it."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    first, second = _two_policies(sim)
+    first.until(lambda p: p.status.phase == Phase.ANALYZING)
+    generation = sim.get("DaemonSet", "kube-proxy")["metadata"]["generation"]
+    for _ in range(10):
+        second.step(tick=False)
+        first.step()
+    assert sim.get("DaemonSet", "kube-proxy")["metadata"]["generation"] == generation
+    assert second.policy.status.phase in (Phase.PENDING, Phase.FAILED)
+    assert first.name in (second.policy.status.message or "")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 5: a node pre-labelled proxymode.io/mode gets two kube-proxies at"
+    " setup and loses its label at rollback",
+)
+def test_a_node_labelled_before_the_policy_is_refused_or_handled() -> None:
+    """issue 9 item 5: a node already carrying proxymode.io/mode before the policy: preflight
+    refuses naming it, or the run handles it (never two proxies; rollback keeps the label)."""
+    sim = Sim.cluster({"canary": 2, "general": 3})
+    sim.nodes["general-3"].labels[MODE_LABEL] = "nftables"
+    sim.tick()
+    sim.tick()
+    run = Run(sim, make_policy())
+
+    def hook(i: int, s: Sim, _p: ProxyModePolicy) -> None:
+        if i == 12:
+            s.action = "abort"
+
+    run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED), hook=hook)
+    st = run.policy.status
+    if st.phase == Phase.FAILED:
+        assert "general-3" in (st.message or ""), st.message
+        assert sim.get("DaemonSet", "kube-proxy-nftables") is None, "refused: nothing changed"
+    else:
+        run.assert_restored()
+        assert sim.nodes["general-3"].labels.get(MODE_LABEL) == "nftables"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 7: a node that joins mid-rollout skips the kernel check",
+)
+def test_a_node_joining_mid_rollout_on_an_old_kernel_is_not_moved_to_nftables() -> None:
+    """issue 9 item 7: a newcomer on kernel 4.18 is held back like preflight holds the others."""
+    sim = Sim.cluster({"canary": 2, "general": 3})
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.current_stage == 1)
+    sim.add_node("general-old", "general", kernel="4.18.0-553.el8_10.x86_64")
+    seen: set[str | None] = set()
+
+    def hook(_i: int, s: Sim, _p: ProxyModePolicy) -> None:
+        seen.add(s.nodes["general-old"].labels.get(MODE_LABEL))
+
+    run.until(terminal, hook=hook)
+    assert "nftables" not in seen
+    assert [p.owner for p in sim.proxies_on("general-old")] == ["kube-proxy"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 20: an empty first stage with analysis waits for data (NoData)",
+)
+def test_an_empty_first_stage_with_analysis_completes_at_once() -> None:
+    """issue 9 item 20: a first stage that matches no node completes at once, as preflight
+    says, even with analysis (there is nothing to measure): no pause, no rollback."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    sim.verdict = "Inconclusive"  # no canary: nothing to measure
+    stages = [
+        {"name": "gpu", "nodeSelector": {"matchLabels": {"pool": "gpu"}}, "bakeSeconds": 10},
+        {"name": "all", "percent": 100, "bakeSeconds": 10},
+    ]
+    run = Run(sim, make_policy(stages=stages, analysis=ANALYSIS))
+    run.until(lambda p: (p.status.current_stage or 0) >= 1 or terminal(p), limit=60)
+    reasons = history_reasons(run.policy.status)
+    assert not [r for r in reasons if r.startswith("Paused") or r == "RollbackStarted"], reasons
+    assert run.policy.status.stages[0].phase == "Completed"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 26: a promote during a PlanChanged pause adopts the new plan",
+)
+def test_promote_during_a_plan_changed_pause_does_not_adopt_the_new_plan() -> None:
+    """issue 9 item 26: only resume adopts a changed plan; a promote while paused for
+    PlanChanged is refused out loud (decision 0020)."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    slow = [{**s, "bakeSeconds": 3600} for s in THREE_STAGES]
+    run = Run(sim, make_policy(stages=slow))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    old_hash = run.policy.status.plan_hash
+    wider = [slow[0], {"name": "most", "percent": 75, "bakeSeconds": 10}, slow[2]]
+    run.policy = with_spec(run.policy, stages=wider)
+    run.step()
+    assert paused_code(run.policy.status) == "PlanChanged"
+    sim.action = "promote"
+    run.steps(4)
+    st = run.policy.status
+    assert st.phase == Phase.PAUSED and paused_code(st) == "PlanChanged", st.phase
+    assert st.plan_hash == old_hash, "the new plan waits for resume"
+    assert run.events("PromoteIgnored")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 9 item 26: a plan edit while paused in Finalizing re-migrates nodes already"
+    " handed back",
+)
+def test_a_plan_edit_while_paused_in_finalizing_never_remigrates_handed_back_nodes() -> None:
+    """issue 9 item 26: nodes handed back to the source DaemonSet in Finalizing are never
+    given a target label again by a plan edit made while paused there."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy())
+    run.until(
+        lambda p: (
+            p.status.phase == Phase.FINALIZING
+            and any(MODE_LABEL not in v.labels for v in sim.nodes.values())
+        )
+    )
+    handed_back = {n for n, v in sim.nodes.items() if MODE_LABEL not in v.labels}
+    run.policy = with_spec(run.policy, paused=True)
+    run.steps(2)
+    run.policy = with_spec(run.policy, stages=[THREE_STAGES[0], {"name": "rest", "percent": 100}])
+    run.steps(2)
+    run.policy = with_spec(run.policy, paused=False)
+    sim.action = "resume"
+    relabelled: set[str] = set()
+
+    def hook(_i: int, s: Sim, _p: ProxyModePolicy) -> None:
+        relabelled.update(n for n in handed_back if MODE_LABEL in s.nodes[n].labels)
+
+    run.until(terminal, hook=hook)
+    assert not relabelled, f"handed back, then moved again: {sorted(relabelled)}"
+    assert run.policy.status.phase == Phase.COMPLETED and run.policy.status.finalized
+
+
+def test_check_world_catches_two_proxies() -> None:
+    """The harness itself: the invariant check fails on two kube-proxies on one node."""
+    sim = Sim.cluster({"canary": 1})
+    run = Run(sim, make_policy())
+    sim.pods.append(sim.pods[0].__class__("extra", "canary-1", "kube-proxy-nftables", "x"))
+    with pytest.raises(AssertionError, match="two kube-proxies"):
+        check_world(sim, run.policy.status, 1, {})
