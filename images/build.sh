@@ -56,6 +56,9 @@ command -v podman >/dev/null || die "podman is missing: run sandbox/install-syst
 [ "$(id -u)" -eq 0 ] || die "run as root: the rootfs is made with debootstrap and chroot"
 
 mkdir -p "$CACHE"
+# One build at a time on this machine (several worktrees may run their tests at once).
+exec 9>"$CACHE/lock"
+flock 9
 # ---- podman's configuration ---------------------------------------------------------------
 # runc: crun fails on this host's hybrid cgroup layout. default_ulimits no higher than the
 # host's hard limits, or every container fails to start (podman's default asks for more).
@@ -85,7 +88,13 @@ cleanup() {
     echo "$ip_forward_before" >/proc/sys/net/ipv4/ip_forward
     echo "image: net.ipv4.ip_forward had changed; put back to $ip_forward_before" >&2
   fi
-  [ -n "${tmp:-}" ] && rm -rf "$tmp"
+  if [ -n "${tmp:-}" ]; then
+    # A debootstrap cut short may leave /proc, /sys or /dev mounted in the rootfs: unmount
+    # them first, and never let rm cross into another file system.
+    awk -v t="$tmp/" 'index($2, t) == 1 {print $2}' /proc/mounts | sort -r |
+      xargs -r -n1 umount -l 2>/dev/null || true
+    rm -rf --one-file-system "$tmp"
+  fi
   exit "$rc"
 }
 tmp=""
@@ -130,11 +139,13 @@ make_bases() {
   # What debian:bookworm-slim leaves out, and nothing of this host: no apt lists or .debs,
   # no sources list naming the mirror, no resolv.conf or hostname from the host.
   slim "$rootfs"
-  tar -C "$rootfs" --numeric-owner -cf "$base_dir/build.tar" .
+  tar -C "$rootfs" --numeric-owner -cf "$base_dir/build.tar.partial" .
   chroot "$rootfs" dpkg --purge "${RUNTIME_PURGE[@]}" >"$tmp/purge.log" 2>&1 ||
     { cat "$tmp/purge.log" >&2; die "could not make the runtime base"; }
   slim "$rootfs"
-  tar -C "$rootfs" --numeric-owner -cf "$base_dir/runtime.tar" .
+  tar -C "$rootfs" --numeric-owner -cf "$base_dir/runtime.tar.partial" .
+  mv "$base_dir/build.tar.partial" "$base_dir/build.tar"
+  mv "$base_dir/runtime.tar.partial" "$base_dir/runtime.tar"
   rm -rf "$rootfs"
   log "base rootfs made in $((SECONDS - start)) s ($base_dir)"
 }
