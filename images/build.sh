@@ -225,6 +225,12 @@ else
   podman images --format '{{.Repository}}:{{.Tag}}' --filter "reference=$REPO:key-*" |
     grep -vxF "$KEYED" | xargs -r -n1 podman untag >/dev/null 2>&1 || true
   podman tag "$KEYED" "$IMAGE"
+  # Then the stage images of older keys, now untagged (each holds a copy of the virtualenv);
+  # the layers the current build shares with them stay.
+  for id in $(podman images --quiet --filter dangling=true --filter label=io.proxymode.build-key); do
+    [ "$(podman image inspect --format '{{index .Labels "io.proxymode.build-key"}}' "$id")" = "$key" ] ||
+      podman rmi "$id" >/dev/null 2>&1 || true
+  done
 fi
 image_id=$(podman image inspect --format '{{.Id}}' "$IMAGE")
 size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
