@@ -31,13 +31,14 @@ RUN python -m venv /opt/proxymode \
  && rm /tmp/requirements.txt
 COPY operator/ operator/
 COPY sandbox/proxymode_sandbox/ sandbox/proxymode_sandbox/
-# Then the wheel (its dependencies are already there; pip checks them). Left out of the
+# Then the wheel (its dependencies are already there; `pip check` agrees). Left out of the
 # virtualenv the runtime stage copies, because nothing imports them at run time:
 #   pip, setuptools, wheel: nothing is installed into a running operator;
 #   kubernetes/aio: the client's asyncio twin (about 68 MB), which neither proxymode nor kopf
 #     imports (kopf talks to the API with aiohttp; tests/image/ proves the imports).
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && /opt/proxymode/bin/pip install /wheels/proxymode-*.whl \
+ && /opt/proxymode/bin/pip check \
  && /opt/proxymode/bin/python -m pip uninstall --yes --quiet pip setuptools wheel \
  && rm -rf /opt/proxymode/lib/python3*/site-packages/kubernetes/aio \
  && /opt/proxymode/bin/proxymode-operator --help >/dev/null \
