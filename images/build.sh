@@ -24,7 +24,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CACHE=${PROXYMODE_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/proxymode/image}
+CACHE=${PROXYMODE_IMAGE_CACHE:-${PROXYMODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/proxymode}/image}
 VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/pyproject.toml" | head -1)
 REPO=${PROXYMODE_IMAGE_REPO:-localhost/proxymode/proxymode-operator}
 SUITE=bookworm
