@@ -4,11 +4,15 @@
 # as a non-root UID. The chart's Deployment passes the arguments (--liveness, --peering).
 #
 #   docker build -t proxymode/proxymode-operator:0.1.0 .
+#   make image     # the same with podman, without Docker or a registry (images/build.sh)
 #
-# tests/chart/test_image.py checks these steps without a Docker engine: it builds the wheel the
-# same way, installs it into a fresh virtualenv and runs the entrypoint as UID 10001.
+# tests/image/ builds it with podman and runs it under the chart's security context;
+# tests/chart/test_image.py checks the build steps without a container engine.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The runtime stage's base: the same image unless told otherwise. images/build.sh passes one
+# without pip or venv, made from the same Debian packages (docs/decisions/0060).
+ARG RUNTIME_IMAGE=${PYTHON_IMAGE}
 
 # ---- build: wheel + virtualenv ----------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS build
@@ -19,19 +23,37 @@ WORKDIR /src
 # Only what the wheel is built from (see .dockerignore). setuptools finds packages under both
 # source roots named in pyproject.toml, so the sandbox package's sources come along.
 COPY pyproject.toml README.md ./
+# The dependencies first, from pyproject.toml alone: a layer that a change to the operator's
+# code does not invalidate.
+RUN python -m venv /opt/proxymode \
+ && python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" >/tmp/requirements.txt \
+ && /opt/proxymode/bin/pip install --requirement /tmp/requirements.txt \
+ && rm /tmp/requirements.txt
 COPY operator/ operator/
 COPY sandbox/proxymode_sandbox/ sandbox/proxymode_sandbox/
+# Then the wheel (its dependencies are already there; `pip check` agrees). Left out of the
+# virtualenv the runtime stage copies, because nothing imports them at run time:
+#   pip, setuptools, wheel: nothing is installed into a running operator;
+#   kubernetes/aio: the client's asyncio twin (about 68 MB), which neither proxymode nor kopf
+#     imports (kopf talks to the API with aiohttp; tests/image/ proves the imports).
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
- && python -m venv /opt/proxymode \
  && /opt/proxymode/bin/pip install /wheels/proxymode-*.whl \
- && /opt/proxymode/bin/proxymode-operator --help >/dev/null
+ && /opt/proxymode/bin/pip check \
+ && /opt/proxymode/bin/python -m pip uninstall --yes --quiet pip setuptools wheel \
+ && rm -rf /opt/proxymode/lib/python3*/site-packages/kubernetes/aio \
+ && /opt/proxymode/bin/proxymode-operator --help >/dev/null \
+ && /opt/proxymode/bin/python -c "import proxymode.handlers"
 
 # ---- runtime ----------------------------------------------------------------------------
-FROM ${PYTHON_IMAGE} AS runtime
+FROM ${RUNTIME_IMAGE} AS runtime
 # The same path as in the build stage: a virtualenv's scripts name their interpreter by path.
 COPY --from=build /opt/proxymode /opt/proxymode
-# A named user for UID 10001 (kopf falls back to the user name when POD_ID is unset).
-RUN groupadd --system --gid 10001 proxymode \
+# A named user for UID 10001 (kopf falls back to the user name when POD_ID is unset). The
+# base's own pip goes too (python:3.11-slim has one; images/build.sh's base has none).
+RUN if python -m pip --version >/dev/null 2>&1; then \
+      python -m pip uninstall --yes --quiet pip setuptools wheel; \
+    fi \
+ && groupadd --system --gid 10001 proxymode \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin proxymode
 ENV PATH=/opt/proxymode/bin:$PATH \

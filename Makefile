@@ -9,7 +9,7 @@ SANDBOX ?= .sandbox
 PYTEST_ARGS ?=
 SCENARIO ?= migrate
 
-.PHONY: help run crds venv binaries system-deps sandbox sandbox-down sandbox-status demo lint test test-unit test-sandbox bench clean
+.PHONY: help run crds venv binaries system-deps image sandbox sandbox-down sandbox-status demo lint test test-unit test-sandbox bench clean
 
 help:
 	@echo "make demo          bring up the sandbox and watch a full iptables -> nftables migration"
@@ -19,6 +19,8 @@ help:
 	@echo "make sandbox       start the sandbox (.sandbox/env has KUBECONFIG and PATH)"
 	@echo "make sandbox-down  stop every sandbox process and remove its state"
 	@echo "make bench         how the engine's look, status and queries grow to 5,000 nodes"
+	@echo "make image         build the operator image with podman (no Docker, no registry) and"
+	@echo "                   export it to dist/ as an OCI archive"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +36,10 @@ binaries:
 
 system-deps:
 	@bash sandbox/install-system-deps.sh
+
+# The operator image, built with podman (images/build.sh; docs/install.md, "The image").
+image: system-deps
+	@bash images/build.sh --archive dist/proxymode-operator-$$(sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml).oci.tar
 
 sandbox: venv binaries system-deps
 	$(PY) -m proxymode_sandbox --dir $(SANDBOX) up

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the sandbox and the tests need, when missing:
-#   prometheus (prometheus + promtool): the sandbox's Prometheus and PromQL tests.
+#   prometheus (prometheus + promtool): the sandbox's Prometheus and PromQL tests;
+#   podman, runc, debootstrap: `make image` and tests/image/ (images/build.sh).
 # Runs apt-get as root (CI and these machines run as root), or through sudo.
 set -euo pipefail
 need=()
-command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# sbin too: runc and debootstrap live there, and a non-root PATH may lack it.
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
+have promtool || need+=(prometheus)
+have podman || need+=(podman)
+have runc || need+=(runc)
+have debootstrap || need+=(debootstrap)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -1,4 +1,4 @@
-"""The Dockerfile, checked without a Docker engine (there is none here).
+"""The Dockerfile, checked without a container engine.
 
 What is checked: the Dockerfile's shape (multi-stage, the runtime stage copies only the
 virtualenv from the build stage, a numeric non-root USER that matches the chart's runAsUser,
@@ -8,9 +8,9 @@ or .dockerignore fails here too); that the wheel installs into a fresh virtualen
 console script runs as the image runs it (the image's ENV, dropped to UID 10001 when the tests
 run as root); and hadolint, when installed.
 
-What is not checked: pulling the base image, the image's own filesystem (the useradd, file
-ownership, the final size) and running under a read-only root filesystem. The operator
-running from this virtualenv under the chart's RBAC is tests/chart/test_chart_sandbox.py.
+What is not checked here: the image itself (its file system, size, the read-only root); that
+is tests/image/, which builds it with podman (images/build.sh). The operator running from
+this virtualenv under the chart's RBAC is tests/chart/test_chart_sandbox.py.
 """
 
 from __future__ import annotations
