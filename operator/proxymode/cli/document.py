@@ -130,14 +130,14 @@ def figures(data: RunData) -> list[tuple[str, str, str]]:
 
 
 def _rows(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers) if any(headers) else ""
     body = "".join(
         "<tr>"
         + "".join(f"<td>{html.escape('' if c is None else str(c))}</td>" for c in row)
         + "</tr>"
         for row in rows
     )
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<table>{f'<tr>{head}</tr>' if head else ''}{body}</table>"
 
 
 def tables(data: RunData) -> list[tuple[str, list[str], list[list[Any]]]]:
