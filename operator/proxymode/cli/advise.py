@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from typing import Any
 
 import yaml
@@ -44,7 +45,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--prometheus",
         default=None,
-        help="Prometheus URL (default: the one an existing policy names)",
+        help="Prometheus URL (default: $PROMETHEUS_URL, else the one a policy names)",
     )
     p.add_argument("--namespace", default="kube-system", help="kube-proxy's namespace")
     p.add_argument("--config-map", default="kube-proxy", help="kube-proxy's ConfigMap")
@@ -55,6 +56,8 @@ def register(sub: Any) -> None:
 def _prometheus_url(cluster: Cluster, given: str | None) -> str | None:
     if given:
         return given
+    if os.environ.get("PROMETHEUS_URL"):  # the sandbox's env file sets it
+        return os.environ["PROMETHEUS_URL"]
     try:
         policies = cluster.policies()
     except ClientError:
