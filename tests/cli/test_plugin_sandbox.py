@@ -265,6 +265,8 @@ def test_advise_keeps_the_legacy_pool_on_iptables_and_never_says_ipvs(
         for r in reasons["rule convergence"]
     )
     assert any("ipvs is deprecated" in r for r in reasons["operations"])
+    # The simulated iptables kube-proxies count no localhost NodePort packets: measured zero.
+    assert any("(measured)" in r and "localhost" in r for r in reasons["correctness and semantics"])
     assert a["recommendation"] != "ipvs"
     policy = a["policy"]
     assert policy["spec"]["nodeSelector"]["matchExpressions"][0]["values"] == ["legacy"]

@@ -76,6 +76,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         start, end = data.window
         try:
             modes, values = _series(Prometheus(str(url)), args.name, start - 30, end + 30)
+            planned = {n for s in data.status.get("stages") or [] for n in s.get("nodes") or []}
+            if planned:  # the operator reports every node it knows; keep this run's
+                modes = {n: p for n, p in modes.items() if n in planned}
             note = f"series from Prometheus at {url}."
         except ClientError as e:
             note = f"Prometheus at {url} did not answer ({e}); no series over time are shown."
