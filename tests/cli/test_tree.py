@@ -169,6 +169,16 @@ def test_exit_codes_are_distinct_and_none_while_running() -> None:
         assert tree.exit_code(running) is None
 
 
+def test_a_finalized_run_shows_handed_back_nodes_on_the_target_mode() -> None:
+    bare = [node(n["metadata"]["name"], "zone-a") for n in NODES]
+    done = policy(phase="Completed", finalized=True, moves=[])
+    v = tree.view(done, bare, [], NOW)
+    assert {n["mode"] for s in v["stages"] for n in s["nodes"]} == {"nftables"}
+    assert {n["step"] for s in v["stages"] for n in s["nodes"]} == {"moved, verified, handed back"}
+    kept = tree.view(policy(phase="Completed", finalized=False, moves=[]), NODES, [], NOW)
+    assert kept["stages"][2]["nodes"][0]["mode"] == "iptables"
+
+
 def test_a_new_policy_shows_the_spec_stages_empty() -> None:
     p = {"metadata": {"name": "x"}, "spec": {"targetMode": "nftables", "stages": [{"name": "a"}]}}
     v = tree.view(p, [], [], NOW)

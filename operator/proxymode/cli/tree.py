@@ -126,6 +126,12 @@ def node_lines(status: Obj, nodes: Sequence[Obj], names: Sequence[str]) -> list[
     target = str(status.get("targetMode") or "")
     source = str(status.get("sourceMode") or "iptables")
     moves = {m.get("node"): m for m in status.get("moves") or []}
+    # Finalizing writes the target mode into the source ConfigMap first, then hands each
+    # node back to the source DaemonSet (its label goes): a planned node without a label
+    # then runs the target mode. A run that keeps the pair (finalized false) keeps labels.
+    handed_back = str(status.get("phase")) in ("Finalizing", "Completed") and (
+        status.get("finalized") is not False
+    )
     out = []
     for name in names:
         node = by_name.get(name)
@@ -134,9 +140,11 @@ def node_lines(status: Obj, nodes: Sequence[Obj], names: Sequence[str]) -> list[
             continue
         labels = node["metadata"].get("labels") or {}
         label = labels.get(MODE_LABEL)
-        mode = label or source
+        mode = label or (target if handed_back else source)
         move = moves.get(name)
-        if move is not None:
+        if move is None and label is None and handed_back:
+            step = "moved, verified, handed back"
+        elif move is not None:
             direction = str(move.get("direction", "Forward")).lower()
             where = "between proxies" if label == SWITCHING else "verifying the new proxy"
             step = f"{direction}: {where}"
