@@ -133,7 +133,29 @@ def test_phase_spans_follow_the_history() -> None:
         "Completed",
     ]
     assert spans[0][:2] == (T0, T0 + 2)
-    assert spans[-1][1] >= T0 + 130
+    assert spans[-1][1] > T0 + 130, "the terminal phase is drawn, not a zero-width bar"
+
+
+def test_nodes_handed_back_at_finalizing_show_the_target_mode() -> None:
+    base = run_data()
+    history = [
+        *base.status["history"][:-1],
+        {"time": iso(110), "phase": "Finalizing", "reason": "Finalizing"},
+        base.status["history"][-1],
+    ]
+    status = {**base.status, "history": history, "finalized": True}
+    modes = {"canary-1": [(T0 + 100, "nftables"), (T0 + 112, "iptables"), (T0 + 120, "iptables")]}
+    data = document.RunData(
+        policy={**base.policy, "status": status}, events=[], now=base.now, node_modes=modes
+    )
+    assert [m for _, m in document.node_mode_samples(data)["canary-1"]] == ["nftables"] * 3
+    kept = document.RunData(
+        policy={**base.policy, "status": {**status, "finalized": False}},
+        events=[],
+        now=base.now,
+        node_modes=modes,
+    )
+    assert [m for _, m in document.node_mode_samples(kept)["canary-1"]][1] == "iptables"
 
 
 def test_markdown_embeds_the_charts_as_data_images() -> None:

@@ -64,12 +64,40 @@ class RunData:
 
 
 def phase_spans(data: RunData) -> list[charts.Span]:
+    """The phases from ``status.history``; the last (terminal) one gets a visible tail."""
     entries = sorted(
         (t.timestamp(), str(h.get("phase")))
         for h in data.status.get("history") or []
         if (t := parse_time(h.get("time"))) is not None
     )
-    return charts.spans(entries, data.window[1])
+    start, end = data.window
+    tail = max(5.0, 0.04 * (end - start))
+    return charts.spans(entries, max(end, entries[-1][0] if entries else end) + tail)
+
+
+def node_mode_samples(data: RunData) -> dict[str, list[tuple[float, str]]]:
+    """Each node's mode over the run, as the operator reported it, read for what runs.
+
+    The operator's ``proxymode_node_mode_info`` names the mode by the DaemonSet a node's pod
+    belongs to. Finalizing writes the target mode into the source ConfigMap before it hands
+    a node back to the source DaemonSet, so from then on a "source" pod runs the target mode:
+    those samples are shown as the target mode.
+    """
+    source = str(data.status.get("sourceMode") or "")
+    target = str(data.status.get("targetMode") or data.spec.get("targetMode") or "")
+    finalizing = [
+        t.timestamp()
+        for h in data.status.get("history") or []
+        if h.get("phase") == "Finalizing" and (t := parse_time(h.get("time"))) is not None
+    ]
+    since = min(finalizing) if finalizing and data.status.get("finalized") is not False else None
+    out = {}
+    for node, samples in data.node_modes.items():
+        out[node] = [
+            (t, target if since is not None and t >= since and mode == source else mode)
+            for t, mode in samples
+        ]
+    return out
 
 
 def stage_marks(data: RunData) -> list[tuple[float, str]]:
@@ -102,7 +130,8 @@ def figures(data: RunData) -> list[tuple[str, str, str]]:
         )
     if data.node_modes:
         end = data.window[1]
-        rows = {n: charts.spans(list(p), end) for n, p in sorted(data.node_modes.items()) if p}
+        modes = node_mode_samples(data)
+        rows = {n: charts.spans(p, end) for n, p in sorted(modes.items()) if p}
         out.append(
             (
                 "nodes",
