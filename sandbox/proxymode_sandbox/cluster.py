@@ -806,8 +806,13 @@ def _binary_version(binary: Path) -> str:
 
 
 def _port_free(host: str, port: int) -> bool:
-    """Whether nothing listens on ``host:port`` yet (a bind succeeds)."""
+    """Whether nothing listens on ``host:port`` yet (a bind succeeds).
+
+    SO_REUSEADDR as the simulator's own servers set it: a sandbox stopped a moment ago
+    leaves its scrape connections in TIME_WAIT, which must not count as taken (a listener
+    still does, on Linux)."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:

@@ -22,8 +22,12 @@ The operator stops at the end; the sandbox stays up for a look around
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -228,6 +232,22 @@ def _start(box: Sandbox, out: Any, scenario: str) -> None:
     out("\n  time   phase        stage   nodes  per-node mode (~~~ = switching between proxies)")
 
 
+def plugin_status(box: Sandbox) -> str:
+    """``kubectl proxymode status POLICY`` as a user runs it: the sandbox's kubectl finds the
+    plugin (``kubectl-proxymode``, installed next to this Python) on PATH."""
+    env = dict(os.environ, KUBECONFIG=str(box.kubeconfig))
+    path = [str(box.bin_dir), str(Path(sys.executable).parent), env.get("PATH", "")]
+    env["PATH"] = os.pathsep.join(path)
+    done = subprocess.run(
+        [str(box.bin_dir / "kubectl"), "proxymode", "status", POLICY],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout if done.returncode == 0 else f"(kubectl proxymode: {done.stderr.strip()})"
+
+
 def _report(box: Sandbox, out: Any) -> None:
     out("\nevents:")
     events = box.kubectl(
@@ -244,6 +264,8 @@ def _report(box: Sandbox, out: Any) -> None:
     for row in events.splitlines():
         out(f"  {row}")
     out("\n" + render_cluster(box))
+    out(f"\n$ kubectl proxymode status {POLICY}")
+    out(plugin_status(box).rstrip())
     out(f"\nthe sandbox is still up: source {box.env_file}; `make sandbox-down` when done")
 
 

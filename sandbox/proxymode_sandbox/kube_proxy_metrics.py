@@ -143,6 +143,10 @@ class ProxyProcess:
         counters = {FAILURE_COUNTERS[self.mode]: self.failures}
         if self.mode == "iptables":
             counters["kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"] = 0
+            # The two iptables-only workarounds nftables mode drops (reference §1, §5): the
+            # sandbox's clients use neither, as `kubectl proxymode advise` reports.
+            counters["kubeproxy_iptables_localhost_nodeports_accepted_packets_total"] = 0
+            counters["kubeproxy_iptables_ct_state_invalid_dropped_packets_total"] = 0
         if self.mode == "nftables":
             counters["kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total"] = 0
         for name, value in sorted(counters.items()):

@@ -1,0 +1,69 @@
+"""``plan -f POLICY.yaml``: what a policy would do here, against the live cluster, changing nothing.
+
+The file is validated with the API's own models (the rules the API server enforces), the
+cluster is read through the operator's own observer (``proxymode.kube.observe``), and the
+engine's pure preflight and planner decide; see ``planning``. Only reads are made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from proxymode.api import models
+from proxymode.api.models import ProxyModePolicy
+from proxymode.cli import planning
+from proxymode.cli.client import ClientError, Cluster
+from proxymode.cli.common import common_flags, connection, emit
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "plan",
+        parents=[common_flags()],
+        help="preflight and the stage plan of a policy file, changing nothing",
+        description="kubectl proxymode plan: run the operator's preflight and planner for"
+        " POLICY.yaml on the live cluster, read-only: which nodes each stage takes, in order"
+        " and by zone, which nodes are left out and why, and the findings.",
+    )
+    p.add_argument("-f", "--filename", required=True, help="the ProxyModePolicy YAML ('-': stdin)")
+    p.set_defaults(func=cmd_plan)
+
+
+def load_policy(path: str) -> ProxyModePolicy:
+    """The ProxyModePolicy in ``path``, validated; a clear error when there is none or it is bad."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+    except yaml.YAMLError as e:
+        raise ClientError(f"{path}: not YAML: {e}") from e
+    found = [d for d in docs if d.get("kind") == models.KIND]
+    if not found:
+        raise ClientError(f"{path}: no {models.KIND} in the file")
+    doc = found[0]
+    doc.pop("status", None)  # plan as a new run, whatever the file carries
+    try:
+        return ProxyModePolicy.model_validate(doc)
+    except ValidationError as e:
+        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
+        raise ClientError(f"{path}: the policy is not valid:\n" + "\n".join(lines)) from e
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.filename)
+    except OSError as e:
+        raise ClientError(f"cannot read {args.filename}: {e}") from e
+    cluster = Cluster(connection(args))
+    observed = cluster.observe(policy)
+    v = planning.plan_view(policy.spec, observed, str(policy.metadata.get("name", "")))
+    if args.output == "text":
+        print(planning.render(v), end="")
+    else:
+        emit(v, args.output)
+    return 0
