@@ -37,6 +37,7 @@ import yaml
 from kubernetes import client, config
 
 FAULT_ANNOTATION = "sandbox.proxymode.io/fault"
+REAL_LABEL = "sandbox.proxymode.io/real"
 FAULTS = ("slow-sync", "conntrack-high", "sync-failures", "no-metrics")
 KUBE_PROXY_PORT = 10249
 NODE_EXPORTER_PORT = 9100
@@ -207,8 +208,8 @@ class Simulator:
                 meta = node["metadata"]
                 addresses = (node.get("status") or {}).get("addresses") or []
                 ip = next((a["address"] for a in addresses if a.get("type") == "InternalIP"), None)
-                if ip is None:
-                    continue
+                if ip is None or (meta.get("labels") or {}).get(REAL_LABEL) == "true":
+                    continue  # a real node serves its own kube-proxy and node_exporter metrics
                 name = meta["name"]
                 present.add(name)
                 state = self.nodes.get(name)

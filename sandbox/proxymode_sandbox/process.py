@@ -150,6 +150,14 @@ def stop_pids(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
         _reap(pid)
+    # Return only once they are gone (`make sandbox-down` promises that).
+    deadline = time.monotonic() + 5.0
+    while remaining and time.monotonic() < deadline:
+        remaining = [p for p in remaining if _cmdline(p) is not None and not _is_zombie(p)]
+        for pid in remaining:
+            _reap(pid)
+        if remaining:
+            time.sleep(0.05)
 
 
 def stop_popen(proc: subprocess.Popen[Any], grace_seconds: float = 10.0) -> None:
