@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the sandbox and the tests need, when missing:
-#   prometheus (prometheus + promtool): the sandbox's Prometheus and PromQL tests.
+#   prometheus (prometheus + promtool): the sandbox's Prometheus and PromQL tests;
+#   iproute2, iptables, nftables, curl, prometheus-node-exporter: the real nodes (network
+#   namespaces running the real kube-proxy; node_exporter's conntrack collector in each).
 # Runs apt-get as root (CI and these machines run as root), or through sudo.
 set -euo pipefail
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v prometheus-node-exporter >/dev/null 2>&1 || need+=(prometheus-node-exporter)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -17,3 +24,8 @@ if command -v systemctl >/dev/null 2>&1; then
   $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi
 $sudo service prometheus stop >/dev/null 2>&1 || true
+# Nor node_exporter's: the sandbox runs one inside each real node's namespace.
+if command -v systemctl >/dev/null 2>&1; then
+  $sudo systemctl disable --now prometheus-node-exporter >/dev/null 2>&1 || true
+fi
+$sudo service prometheus-node-exporter stop >/dev/null 2>&1 || true

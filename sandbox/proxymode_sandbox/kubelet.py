@@ -38,6 +38,7 @@ from kubernetes.client.exceptions import ApiException
 
 from proxymode_sandbox.netns import exec_argv
 from proxymode_sandbox.podspec import NodeInfo, PodSpecError, prepare
+from proxymode_sandbox.realnode import SERVICE_ROUTE
 
 BACKOFF_START, BACKOFF_MAX = 2.0, 40.0
 MAX_GRACE = 30.0
@@ -85,6 +86,7 @@ class Kubelet:
         self.nodes = {n.name: n for n in nodes}
         self.bin_dir = bin_dir
         self.pods: dict[str, PodRun] = {}
+        self.faults: dict[str, str] = {}
         self.last_lease = self.last_status = 0.0
 
     # -- nodes --
@@ -147,8 +149,25 @@ class Kubelet:
             self.leases.create_namespaced_lease("kube-node-lease", body)
 
     def _fault(self, node: str) -> str:
-        annotations = self.core.read_node(node).metadata.annotations or {}
-        return str(annotations.get(FAULT_ANNOTATION, ""))
+        return self.faults.get(node, "")
+
+    def sync_faults(self) -> None:
+        """Read each node's fault annotation; put a ``blackhole`` in place or take it away.
+
+        ``blackhole`` is a host firewall that disagrees with kube-proxy: an nftables table
+        of the sandbox's own, hooked before NAT, drops everything sent to the Service range.
+        ``crash`` makes the node's kube-proxy exit as it starts (``_start``).
+        """
+        raw = self.core.list_node(_preload_content=False)
+        for node in json.loads(raw.data)["items"]:
+            name = node["metadata"]["name"]
+            if name not in self.nodes:
+                continue
+            fault = str((node["metadata"].get("annotations") or {}).get(FAULT_ANNOTATION, ""))
+            was = self.faults.get(name, "")
+            self.faults[name] = fault
+            if (fault == "blackhole") != (was == "blackhole"):
+                _blackhole(self.nodes[name].netns, on=fault == "blackhole")
 
     # -- pods --
 
@@ -347,6 +366,22 @@ class Kubelet:
             run.reported = key
 
 
+BLACKHOLE_TABLE = "sandbox_fault"
+
+
+def _blackhole(ns: str, on: bool) -> None:
+    if on:
+        rules = (
+            f"table ip {BLACKHOLE_TABLE} {{ chain output {{"
+            " type filter hook output priority -300; policy accept;"
+            f" ip daddr {SERVICE_ROUTE} counter drop; }} }}"
+        )
+        argv = ["nft", "-f", "-"]
+    else:
+        rules, argv = "", ["nft", "delete", "table", "ip", BLACKHOLE_TABLE]
+    subprocess.run(exec_argv(ns, argv), input=rules.encode(), capture_output=True, check=False)
+
+
 def _check(probe: dict[str, Any], ip: str, container: dict[str, Any]) -> bool:
     timeout = float(probe.get("timeoutSeconds", 1))
     ports = {p.get("name"): p.get("containerPort") for p in container.get("ports", [])}
@@ -385,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         while not stop.is_set():
             try:
                 kubelet.heartbeat()
+                kubelet.sync_faults()
                 kubelet.sync_pods()
             except (ApiException, OSError) as e:
                 print(f"sandbox kubelet: {e}", flush=True)

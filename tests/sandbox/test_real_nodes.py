@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from proxymode_sandbox import Sandbox, SandboxConfig, netns, process
+from proxymode_sandbox import Sandbox, SandboxConfig, evidence, netns, process
 from proxymode_sandbox.services import ECHO_CLUSTER_IP
 from tests.sandbox.harness import Policies, eventually
 
@@ -56,22 +56,16 @@ def real_api(real: Sandbox) -> client.ApiClient:
     return config.new_client_from_config(config_file=str(real.kubeconfig))  # type: ignore[no-untyped-call]
 
 
-def iptables_svc_chains(box: Sandbox, node: str) -> list[str]:
-    out = box.exec(node, ["iptables-save", "-t", "nat"]).stdout
-    return [line.split()[0][1:] for line in out.splitlines() if line.startswith(":KUBE-SVC-")]
+def iptables_svc_chains(box: Sandbox, node: str) -> int:
+    return evidence.iptables_services(box.exec, node)
 
 
 def nft_services(box: Sandbox, node: str) -> int | None:
-    """Service chains in ``table ip kube-proxy``; None when the table does not exist."""
-    proc = box.exec(node, ["nft", "list", "table", "ip", "kube-proxy"])
-    if proc.returncode != 0:
-        return None
-    return sum(1 for line in proc.stdout.splitlines() if line.strip().startswith("chain service-"))
+    return evidence.nft_services(box.exec, node)
 
 
-def curl_echo(box: Sandbox, node: str, timeout: float = 1.0) -> str:
-    proc = box.exec(node, ["curl", "-s", "-m", str(timeout), ECHO_URL], timeout=timeout + 5)
-    return proc.stdout.strip() if proc.returncode == 0 else ""
+def curl_echo(box: Sandbox, node: str) -> str:
+    return evidence.echo(box.exec, node)
 
 
 @dataclass
@@ -155,11 +149,11 @@ def test_iptables_mode_programs_every_service_and_echo_answers_from_every_node(
 ) -> None:
     for node in real.real_node_names():
         chains = eventually(
-            lambda n=node: len(c := iptables_svc_chains(real, n)) >= SERVICES + 1 and c,
+            lambda n=node: (c := iptables_svc_chains(real, n)) >= SERVICES + 1 and c,
             timeout=60,
             what=f"KUBE-SVC chains for {SERVICES + 1} Services on {node}",
         )
-        assert len(chains) == SERVICES + 1  # echo and svc-00001..00100, one port each
+        assert chains == SERVICES + 1  # echo and svc-00001..00100, one port each
         nat = real.exec(node, ["iptables-save", "-t", "nat"]).stdout
         assert ":KUBE-SERVICES" in nat
         assert f"-d {ECHO_CLUSTER_IP}/32" in nat
@@ -172,7 +166,7 @@ def test_operator_migrates_real_nodes_to_nftables_while_echo_answers(
 ) -> None:
     nodes = real.real_node_names()
     for node in nodes:  # start from a fully programmed iptables node
-        eventually(lambda n=node: len(iptables_svc_chains(real, n)) > SERVICES, timeout=60)
+        eventually(lambda n=node: iptables_svc_chains(real, n) > SERVICES, timeout=60)
     policies = Policies(real_api)
     operator = real.start_operator()
     prober = EchoProber(real, nodes)
@@ -191,7 +185,7 @@ def test_operator_migrates_real_nodes_to_nftables_while_echo_answers(
                 what=f"table ip kube-proxy with the Services on {node}",
             )
             assert count == SERVICES + 1, (node, count)
-            assert iptables_svc_chains(real, node) == [], f"KUBE-SVC-* left on {node}"
+            assert iptables_svc_chains(real, node) == 0, f"KUBE-SVC-* left on {node}"
             assert curl_echo(real, node).startswith("echo-"), node
         # What a switch costs a node's Service routing is measured, not asserted; the
         # sampler must have probed every node throughout.
