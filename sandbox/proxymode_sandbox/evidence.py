@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from subprocess import CompletedProcess
 
-from proxymode_sandbox.services import ECHO_CLUSTER_IP
+from proxymode_sandbox.services import ECHO_CLUSTER_IP, NAMESPACE
 
 Exec = Callable[[str, Sequence[str]], CompletedProcess[str]]
 
@@ -19,9 +19,9 @@ Exec = Callable[[str, Sequence[str]], CompletedProcess[str]]
 class NodeRules:
     node: str
     iptables_services: int
-    """``KUBE-SVC-*`` chains in iptables' nat table."""
+    """``KUBE-SVC-*`` chains in iptables' nat table (any namespace: leftovers count)."""
     nft_services: int | None
-    """``service-*`` chains in ``table ip kube-proxy``; None: no such table."""
+    """namespace ``sandbox``'s ``service-*`` chains in ``table ip kube-proxy``; None: no table."""
     echo: str
     """What echo's ClusterIP answered ("" when nothing did)."""
 
@@ -34,16 +34,34 @@ class NodeRules:
         )
 
 
-def iptables_services(run: Exec, node: str) -> int:
+def kube_svc_chains(run: Exec, node: str) -> int:
+    """Every ``KUBE-SVC-*`` chain in iptables' nat table, whichever Service it is for."""
     out = run(node, ["iptables-save", "-t", "nat"]).stdout
     return sum(1 for line in out.splitlines() if line.startswith(":KUBE-SVC-"))
 
 
-def nft_services(run: Exec, node: str) -> int | None:
+def iptables_services(run: Exec, node: str, namespace: str = NAMESPACE) -> int:
+    """Services of ``namespace`` that ``KUBE-SERVICES`` sends to a ``KUBE-SVC-*`` chain."""
+    out = run(node, ["iptables-save", "-t", "nat"]).stdout
+    return sum(
+        1
+        for line in out.splitlines()
+        if line.startswith("-A KUBE-SERVICES ")
+        and f'--comment "{namespace}/' in line
+        and "-j KUBE-SVC-" in line
+    )
+
+
+def nft_services(run: Exec, node: str, namespace: str = NAMESPACE) -> int | None:
+    """Service chains of ``namespace`` in ``table ip kube-proxy``; None: no such table."""
     proc = run(node, ["nft", "list", "table", "ip", "kube-proxy"])
     if proc.returncode != 0:
         return None
-    return sum(1 for line in proc.stdout.splitlines() if line.strip().startswith("chain service-"))
+    return sum(
+        1
+        for line in proc.stdout.splitlines()
+        if line.strip().startswith("chain service-") and f"-{namespace}/" in line
+    )
 
 
 def echo(run: Exec, node: str, timeout: float = 1.0) -> str:
@@ -53,5 +71,5 @@ def echo(run: Exec, node: str, timeout: float = 1.0) -> str:
 
 def collect(run: Exec, nodes: Sequence[str]) -> list[NodeRules]:
     return [
-        NodeRules(n, iptables_services(run, n), nft_services(run, n), echo(run, n)) for n in nodes
+        NodeRules(n, kube_svc_chains(run, n), nft_services(run, n), echo(run, n)) for n in nodes
     ]

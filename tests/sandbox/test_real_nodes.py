@@ -15,7 +15,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -60,6 +59,10 @@ def iptables_svc_chains(box: Sandbox, node: str) -> int:
     return evidence.iptables_services(box.exec, node)
 
 
+def any_kube_svc_chains(box: Sandbox, node: str) -> int:
+    return evidence.kube_svc_chains(box.exec, node)
+
+
 def nft_services(box: Sandbox, node: str) -> int | None:
     return evidence.nft_services(box.exec, node)
 
@@ -68,19 +71,15 @@ def curl_echo(box: Sandbox, node: str) -> str:
     return evidence.echo(box.exec, node)
 
 
-@dataclass
 class EchoProber(threading.Thread):
     """Asks echo's ClusterIP from every real node, round after round, and keeps failures."""
 
-    box: Sandbox
-    nodes: list[str]
-    interval: float = 0.5
-    probes: int = 0
-    failures: list[tuple[float, str]] = field(default_factory=list)
-    halt: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
+    def __init__(self, box: Sandbox, nodes: list[str], interval: float = 0.5) -> None:
         super().__init__(daemon=True)
+        self.box, self.nodes, self.interval = box, nodes, interval
+        self.probes = 0
+        self.failures: list[tuple[float, str]] = []
+        self.halt = threading.Event()
         self.started = time.monotonic()
 
     def run(self) -> None:
@@ -154,6 +153,7 @@ def test_iptables_mode_programs_every_service_and_echo_answers_from_every_node(
             what=f"KUBE-SVC chains for {SERVICES + 1} Services on {node}",
         )
         assert chains == SERVICES + 1  # echo and svc-00001..00100, one port each
+        assert any_kube_svc_chains(real, node) == SERVICES + 1  # default/kubernetes: no endpoints
         nat = real.exec(node, ["iptables-save", "-t", "nat"]).stdout
         assert ":KUBE-SERVICES" in nat
         assert f"-d {ECHO_CLUSTER_IP}/32" in nat
@@ -185,7 +185,7 @@ def test_operator_migrates_real_nodes_to_nftables_while_echo_answers(
                 what=f"table ip kube-proxy with the Services on {node}",
             )
             assert count == SERVICES + 1, (node, count)
-            assert iptables_svc_chains(real, node) == 0, f"KUBE-SVC-* left on {node}"
+            assert any_kube_svc_chains(real, node) == 0, f"KUBE-SVC-* left on {node}"
             assert curl_echo(real, node).startswith("echo-"), node
         # What a switch costs a node's Service routing is measured, not asserted; the
         # sampler must have probed every node throughout.
