@@ -663,7 +663,13 @@ class Sandbox:
         """Install the ProxyModePolicy CRD and wait until it is Established (a user's
         ``kubectl apply -f examples/...`` works next)."""
         self.kubectl("apply", "--server-side", "--field-manager=proxymode-sandbox", "-f", str(CRD))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD))
+        name = yaml.safe_load(CRD.read_text())["metadata"]["name"]
+
+        def established() -> str | None:
+            crd = self.get_json("customresourcedefinition", name)
+            return None if _condition(crd, "Established") == "True" else "not Established yet"
+
+        self._wait(f"the CRD {name} to be Established", established)
 
     # -- real nodes --
 

@@ -217,3 +217,75 @@ def test_down_removes_everything_even_after_a_crash(tmp_path: Path) -> None:
     for pid in proxies:
         with contextlib.suppress(FileNotFoundError):
             assert "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+
+
+def _assert_iptables_everywhere(box: Sandbox) -> None:
+    for node in box.real_node_names():
+        eventually(
+            lambda n=node: iptables_svc_chains(box, n) == SERVICES + 1,
+            timeout=60,
+            what=f"the iptables Service rules back on {node}",
+        )
+        assert nft_services(box, node) is None, f"table ip kube-proxy left on {node}"
+        assert curl_echo(box, node).startswith("echo-"), node
+
+
+def test_rollback_from_nftables_restores_iptables_rules_on_real_nodes(
+    real: Sandbox, real_api: client.ApiClient
+) -> None:
+    policies = Policies(real_api)
+    real.start_operator()
+    try:
+        slow = [
+            {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}},
+            {"name": "all", "percent": 100},
+        ]
+        name = policies.create("kube-system", stages=[{**s, "bakeSeconds": 600} for s in slow])
+        policies.wait_phase(name, "Analyzing")
+        eventually(
+            lambda: nft_services(real, "canary-1") == SERVICES + 1,
+            timeout=60,
+            what="the canary's nftables rules",
+        )
+        assert any_kube_svc_chains(real, "canary-1") == 0
+        policies.act(name, "abort")
+        status = policies.wait_phase(name, "RolledBack", "Failed", timeout=180)
+        assert status["phase"] == "RolledBack", status.get("message")
+        _assert_iptables_everywhere(real)
+    finally:
+        policies.delete_all()
+        real.stop_operator()
+
+
+def test_an_override_the_real_kube_proxy_rejects_crash_loops_the_canary_and_rolls_back(
+    real: Sandbox, real_api: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(real_api)
+    policies = Policies(real_api)
+    real.start_operator()
+    crashed: set[str] = set()
+    try:
+        name = policies.create(
+            "kube-system",
+            # valid YAML and a known field, so only kube-proxy itself can refuse it
+            configOverrides={"featureGates": {"SandboxNoSuchGate": True}},
+            readyTimeoutSeconds=60,
+        )
+
+        def crash_looping() -> bool:
+            for pod in core.list_namespaced_pod("kube-system").items:
+                for cs in pod.status.container_statuses or []:
+                    waiting = cs.state.waiting
+                    if cs.restart_count > 0 and waiting and waiting.reason == "CrashLoopBackOff":
+                        crashed.add(pod.spec.node_name)
+            return bool(crashed)
+
+        eventually(crash_looping, timeout=120, what="a kube-proxy in CrashLoopBackOff")
+        status = policies.wait_phase(name, "RolledBack", "Failed", "Completed", timeout=240)
+        assert status["phase"] == "RolledBack", status.get("message")
+        assert crashed == {"canary-1"}, crashed  # the canary, and only the canary
+        assert "canary-1" in status["rollbackReason"], status["rollbackReason"]
+        _assert_iptables_everywhere(real)
+    finally:
+        policies.delete_all()
+        real.stop_operator()
