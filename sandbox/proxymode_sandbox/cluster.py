@@ -6,6 +6,10 @@ simulated nodes and installs kube-proxy the kubeadm way, then waits until every
 node is Ready and every kube-proxy pod is Ready. Everything lives in one state
 directory; ``down`` stops every process whose command line names that directory
 and removes it, so nothing outlives the sandbox even after a crash.
+
+With ``real_nodes`` the last nodes are real instead (``realnode``: a network namespace
+each, the real kube-proxy run by the sandbox's kubelet), with real Services
+(``services``); ``down`` also removes their namespaces, links and processes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Simulated kube-proxy and node_exporter metrics for every sandbox node.
+"""Simulated kube-proxy and node_exporter metrics for the sandbox's kwok nodes.
 
-kwok nodes run no kube-proxy, so this process plays its metrics: for each node it serves
+kwok nodes run no kube-proxy, so this process plays its metrics (real nodes, labelled
+``sandbox.proxymode.io/real``, serve their own: ``realnode``): for each node it serves
 ``http://<node InternalIP>:10249/metrics`` (kube-proxy) and ``:9100/metrics``
 (node_exporter's conntrack gauges) on the node's loopback address, with kube-proxy's exact
 metric names, types, labels and buckets (reference/kube-proxy.md §1) for the mode the node

@@ -23,11 +23,9 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,7 +36,8 @@ from kubernetes.client.exceptions import ApiException
 
 from proxymode_sandbox.netns import exec_argv
 from proxymode_sandbox.podspec import NodeInfo, PodSpecError, prepare
-from proxymode_sandbox.realnode import SERVICE_ROUTE
+from proxymode_sandbox.probe import probe_once
+from proxymode_sandbox.realnode import set_blackhole
 
 BACKOFF_START, BACKOFF_MAX = 2.0, 40.0
 MAX_GRACE = 30.0
@@ -167,7 +166,7 @@ class Kubelet:
             was = self.faults.get(name, "")
             self.faults[name] = fault
             if (fault == "blackhole") != (was == "blackhole"):
-                _blackhole(self.nodes[name].netns, on=fault == "blackhole")
+                set_blackhole(self.nodes[name].netns, on=fault == "blackhole")
 
     # -- pods --
 
@@ -271,7 +270,7 @@ class Kubelet:
         if not probe or time.monotonic() < run.next_probe:
             return
         run.next_probe = time.monotonic() + float(probe.get("periodSeconds", 10))
-        ok = _check(probe, run.node.ip, container)
+        ok = probe_once(probe, run.node.ip, container)
         if ok:
             run.probe_failures = 0
             run.ready = True
@@ -364,45 +363,6 @@ class Kubelet:
         with contextlib.suppress(ApiException):
             self.core.patch_namespaced_pod_status(run.name, run.namespace, {"status": status})
             run.reported = key
-
-
-BLACKHOLE_TABLE = "sandbox_fault"
-
-
-def _blackhole(ns: str, on: bool) -> None:
-    if on:
-        rules = (
-            f"table ip {BLACKHOLE_TABLE} {{ chain output {{"
-            " type filter hook output priority -300; policy accept;"
-            f" ip daddr {SERVICE_ROUTE} counter drop; }} }}"
-        )
-        argv = ["nft", "-f", "-"]
-    else:
-        rules, argv = "", ["nft", "delete", "table", "ip", BLACKHOLE_TABLE]
-    subprocess.run(exec_argv(ns, argv), input=rules.encode(), capture_output=True, check=False)
-
-
-def _check(probe: dict[str, Any], ip: str, container: dict[str, Any]) -> bool:
-    timeout = float(probe.get("timeoutSeconds", 1))
-    ports = {p.get("name"): p.get("containerPort") for p in container.get("ports", [])}
-    if "httpGet" in probe:
-        get = probe["httpGet"]
-        port = ports.get(get["port"], get["port"])
-        scheme, host = get.get("scheme", "HTTP").lower(), get.get("host") or ip
-        url = f"{scheme}://{host}:{port}{get.get('path', '/')}"
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - node address
-                return 200 <= int(resp.status) < 400
-        except OSError:
-            return False
-    if "tcpSocket" in probe:
-        port = ports.get(probe["tcpSocket"]["port"], probe["tcpSocket"]["port"])
-        try:
-            with socket.create_connection((ip, int(port)), timeout=timeout):
-                return True
-        except OSError:
-            return False
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:

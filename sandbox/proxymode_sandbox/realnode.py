@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,6 +171,26 @@ class RealNodes:
         pids = [pid for ns in netns.namespaces(sid) for pid in netns.pids_in(ns)]
         process.stop_pids(pids, grace_seconds=5.0)
         return netns.teardown(sid)
+
+
+BLACKHOLE_TABLE = "sandbox_fault"
+
+
+def set_blackhole(ns: str, on: bool) -> None:
+    """The ``blackhole`` fault: a host firewall that disagrees with kube-proxy, i.e. an
+    nftables table of the sandbox's own, hooked before NAT, dropping all Service traffic."""
+    if on:
+        rules = (
+            f"table ip {BLACKHOLE_TABLE} {{ chain output {{"
+            " type filter hook output priority -300; policy accept;"
+            f" ip daddr {SERVICE_ROUTE} counter drop; }} }}"
+        )
+        argv = ["nft", "-f", "-"]
+    else:
+        rules, argv = "", ["nft", "delete", "table", "ip", BLACKHOLE_TABLE]
+    subprocess.run(
+        netns.exec_argv(ns, argv), input=rules.encode(), capture_output=True, check=False
+    )
 
 
 def _python() -> list[str]:

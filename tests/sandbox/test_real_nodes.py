@@ -289,3 +289,41 @@ def test_an_override_the_real_kube_proxy_rejects_crash_loops_the_canary_and_roll
     finally:
         policies.delete_all()
         real.stop_operator()
+
+
+def test_faults_on_a_real_node_are_real(real: Sandbox, real_api: client.ApiClient) -> None:
+    """``blackhole`` drops the node's Service traffic in its kernel; ``crash`` makes its
+    kube-proxy exit at start, so the pod crash-loops; both go away with the annotation."""
+    core = client.CoreV1Api(real_api)
+    fault = "sandbox.proxymode.io/fault"
+    try:
+        real.kubectl("annotate", "node", "general-2", f"{fault}=blackhole", "--overwrite")
+        eventually(lambda: curl_echo(real, "general-2") == "", timeout=30, what="the blackhole")
+        assert curl_echo(real, "general-1").startswith("echo-")  # only that node
+        real.kubectl("annotate", "node", "general-2", f"{fault}-")
+        eventually(lambda: curl_echo(real, "general-2").startswith("echo-"), timeout=30)
+
+        real.kubectl("annotate", "node", "canary-1", f"{fault}=crash", "--overwrite")
+        real.kubectl(
+            "delete", "pod", "-n", "kube-system", "-l", "k8s-app=kube-proxy",
+            "--field-selector=spec.nodeName=canary-1", "--wait=true",
+        )  # fmt: skip
+
+        def crash_looping() -> bool:
+            pods = core.list_namespaced_pod(
+                "kube-system", field_selector="spec.nodeName=canary-1"
+            ).items
+            return any(
+                cs.restart_count >= 1
+                and cs.state.waiting is not None
+                and cs.state.waiting.reason == "CrashLoopBackOff"
+                for p in pods
+                for cs in p.status.container_statuses or []
+            )
+
+        eventually(crash_looping, timeout=60, what="canary-1's kube-proxy to crash-loop")
+    finally:
+        for node in ("general-2", "canary-1"):
+            real.kubectl("annotate", "node", node, f"{fault}-", check=False)
+    real.wait_kube_proxy_ready()  # the next restart after the back-off succeeds
+    assert eventually(lambda: curl_echo(real, "canary-1").startswith("echo-"), timeout=60)
