@@ -57,6 +57,8 @@ def _histogram(text: str) -> tuple[int, float, list[tuple[float, int]]]:
     count = total = 0.0
     buckets: list[tuple[float, int]] = []
     for line in text.splitlines():
+        if 'ip_family="IPv6"' in line:
+            continue  # the node has no IPv6 address; its IPv6 proxier syncs nothing of use
         if line.startswith(f"{SYNC}_count"):
             count = float(line.split()[-1])
         elif line.startswith(f"{SYNC}_sum"):
