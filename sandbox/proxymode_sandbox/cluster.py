@@ -897,8 +897,13 @@ def _third_octet(prefix: str) -> int | None:
 
 
 def _port_free(host: str, port: int) -> bool:
-    """Whether nothing listens on ``host:port`` yet (a bind succeeds)."""
+    """Whether nothing listens on ``host:port`` yet (a bind succeeds).
+
+    SO_REUSEADDR as the servers use it: connections in TIME_WAIT from the last sandbox's
+    scrapes (a minute) do not count as a listener.
+    """
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:
