@@ -183,7 +183,7 @@ def set_blackhole(ns: str, on: bool) -> None:
         rules = (
             f"table ip {BLACKHOLE_TABLE} {{ chain output {{"
             " type filter hook output priority -300; policy accept;"
-            f" ip daddr {SERVICE_ROUTE} counter drop; }} }}"
+            f" ip daddr {SERVICE_ROUTE} counter drop; }}; }}"
         )
         argv = ["nft", "-f", "-"]
     else:

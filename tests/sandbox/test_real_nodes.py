@@ -161,42 +161,6 @@ def test_iptables_mode_programs_every_service_and_echo_answers_from_every_node(
         assert answers and all(a.startswith("echo-") for a in answers), (node, answers)
 
 
-def test_operator_migrates_real_nodes_to_nftables_while_echo_answers(
-    real: Sandbox, real_api: client.ApiClient
-) -> None:
-    nodes = real.real_node_names()
-    for node in nodes:  # start from a fully programmed iptables node
-        eventually(lambda n=node: iptables_svc_chains(real, n) > SERVICES, timeout=60)
-    policies = Policies(real_api)
-    operator = real.start_operator()
-    prober = EchoProber(real, nodes)
-    prober.start()
-    try:
-        name = policies.create("kube-system", readyTimeoutSeconds=90)
-        status = policies.wait_phase(name, "Completed", "Failed", "RolledBack", timeout=300)
-        report = prober.stop()
-        print(f"iptables -> nftables over {len(nodes)} real nodes: {report}")
-        assert status["phase"] == "Completed", (status.get("message"), report)
-        eventually(lambda: policies.status(name).get("finalized") is True, timeout=60)
-        for node in nodes:
-            count = eventually(
-                lambda n=node: (c := nft_services(real, n)) is not None and c > SERVICES and c,
-                timeout=60,
-                what=f"table ip kube-proxy with the Services on {node}",
-            )
-            assert count == SERVICES + 1, (node, count)
-            assert any_kube_svc_chains(real, node) == 0, f"KUBE-SVC-* left on {node}"
-            assert curl_echo(real, node).startswith("echo-"), node
-        # What a switch costs a node's Service routing is measured, not asserted; the
-        # sampler must have probed every node throughout.
-        assert prober.probes >= 3 * len(nodes)
-    finally:
-        prober.halt.set()
-        policies.delete_all()
-        real.stop_operator()
-        print(process.log_tail(operator.log, 30))
-
-
 def test_down_removes_everything_even_after_a_crash(tmp_path: Path) -> None:
     """A sandbox whose kubelet died and whose state file is lost still goes away whole."""
     box = Sandbox(_config(tmp_path / "state", services=0, prometheus=False))
@@ -327,3 +291,40 @@ def test_faults_on_a_real_node_are_real(real: Sandbox, real_api: client.ApiClien
             real.kubectl("annotate", "node", node, f"{fault}-", check=False)
     real.wait_kube_proxy_ready()  # the next restart after the back-off succeeds
     assert eventually(lambda: curl_echo(real, "canary-1").startswith("echo-"), timeout=60)
+
+
+# Last: it leaves the source kube-proxy in nftables mode (finalized).
+def test_operator_migrates_real_nodes_to_nftables_while_echo_answers(
+    real: Sandbox, real_api: client.ApiClient
+) -> None:
+    nodes = real.real_node_names()
+    for node in nodes:  # start from a fully programmed iptables node
+        eventually(lambda n=node: iptables_svc_chains(real, n) > SERVICES, timeout=60)
+    policies = Policies(real_api)
+    operator = real.start_operator()
+    prober = EchoProber(real, nodes)
+    prober.start()
+    try:
+        name = policies.create("kube-system", readyTimeoutSeconds=90)
+        status = policies.wait_phase(name, "Completed", "Failed", "RolledBack", timeout=300)
+        report = prober.stop()
+        print(f"iptables -> nftables over {len(nodes)} real nodes: {report}")
+        assert status["phase"] == "Completed", (status.get("message"), report)
+        eventually(lambda: policies.status(name).get("finalized") is True, timeout=60)
+        for node in nodes:
+            count = eventually(
+                lambda n=node: (c := nft_services(real, n)) is not None and c > SERVICES and c,
+                timeout=60,
+                what=f"table ip kube-proxy with the Services on {node}",
+            )
+            assert count == SERVICES + 1, (node, count)
+            assert any_kube_svc_chains(real, node) == 0, f"KUBE-SVC-* left on {node}"
+            assert curl_echo(real, node).startswith("echo-"), node
+        # What a switch costs a node's Service routing is measured, not asserted; the
+        # sampler must have probed every node throughout.
+        assert prober.probes >= 3 * len(nodes)
+    finally:
+        prober.halt.set()
+        policies.delete_all()
+        real.stop_operator()
+        print(process.log_tail(operator.log, 30))
