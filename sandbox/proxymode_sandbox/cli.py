@@ -1,6 +1,6 @@
 """``proxymode-sandbox``: the command behind ``make sandbox``, ``make sandbox-down`` and the demo.
 
-    proxymode-sandbox up [--nodes N] [--canary N] [--legacy N]
+    proxymode-sandbox up [--nodes N] [--canary N] [--legacy N] [--real N] [--services N]
     proxymode-sandbox down
     proxymode-sandbox status
     proxymode-sandbox show            # nodes by pool and the kube-proxy pod on each
@@ -8,6 +8,8 @@
                                       # a migration by the operator, gated on metrics, live
     proxymode-sandbox node add POOL | node remove NAME
     proxymode-sandbox crashloop NAMESPACE POD [--off]
+    proxymode-sandbox exec NODE -- CMD...   # in a real node's namespace: iptables-save,
+                                      # nft list ruleset, curl http://10.96.0.80
 
 The state directory is ``.sandbox`` unless ``--dir`` or ``PROXYMODE_SANDBOX`` says otherwise.
 """
@@ -50,6 +52,15 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--proxy-mode", default="iptables", choices=["iptables", "ipvs", "nftables", ""]
     )
+    up.add_argument(
+        "--real",
+        type=int,
+        default=3,
+        help="nodes that are real (network namespaces running kube-proxy); 0: kwok only",
+    )
+    up.add_argument(
+        "--services", type=int, default=100, help="Services besides echo, for real sync cost"
+    )
     sub.add_parser("down", help="stop every sandbox process and remove the state")
     sub.add_parser("status", help="report which components run")
     sub.add_parser("show", help="nodes by pool and the kube-proxy pod on each")
@@ -68,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     crash.add_argument("namespace")
     crash.add_argument("pod")
     crash.add_argument("--off", action="store_true")
+    run = sub.add_parser("exec", help="run a command in a real node's network namespace")
+    run.add_argument("node")
+    run.add_argument("argv", nargs=argparse.REMAINDER)
     return p
 
 
@@ -81,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             args.legacy,
         )
         config.proxy_mode = args.proxy_mode
+        config.real_nodes, config.services = args.real, args.services
     sandbox = Sandbox(config)
     try:
         return _run(sandbox, args)
@@ -112,6 +127,9 @@ def _up(sandbox: Sandbox) -> int:
         return 0
     start = time.monotonic()
     sandbox.up(log=lambda line: print(f"  {line}", flush=True))
+    sandbox.install_crd()
+    if sandbox.real_node_names():
+        print(f"  real nodes: {', '.join(sandbox.real_node_names())} (`exec NODE -- CMD`)")
     print(
         f"sandbox up in {time.monotonic() - start:.1f}s: Kubernetes "
         f"{sandbox.kubernetes_version} at {sandbox.server}"
@@ -131,6 +149,15 @@ def _use(sandbox: Sandbox, args: argparse.Namespace) -> int:
     elif args.command == "node":
         sandbox.remove_node(args.name)
         print(f"node {args.name} removed")
+    elif args.command == "exec":
+        argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        if not argv:
+            print("usage: proxymode-sandbox exec NODE -- CMD...", file=sys.stderr)
+            return 2
+        proc = sandbox.exec(args.node, argv, timeout=600)
+        sys.stdout.write(proc.stdout)
+        sys.stderr.write(proc.stderr)
+        return proc.returncode
     elif args.command == "crashloop":
         sandbox.set_crashloop(args.namespace, args.pod, on=not args.off)
     return 0

@@ -6,6 +6,10 @@ simulated nodes and installs kube-proxy the kubeadm way, then waits until every
 node is Ready and every kube-proxy pod is Ready. Everything lives in one state
 directory; ``down`` stops every process whose command line names that directory
 and removes it, so nothing outlives the sandbox even after a crash.
+
+With ``real_nodes`` the last nodes are real instead (``realnode``: a network namespace
+each, the real kube-proxy run by the sandbox's kubelet), with real Services
+(``services``); ``down`` also removes their namespaces, links and processes.
 """
 
 from __future__ import annotations
@@ -28,12 +32,13 @@ from typing import Any
 
 import yaml
 
-from proxymode_sandbox import kubeadm_proxy, process
+from proxymode_sandbox import kubeadm_proxy, netns, process, services
 from proxymode_sandbox.binaries import binary_dir
 from proxymode_sandbox.certs import CertificateAuthority, service_account_signing_key
 from proxymode_sandbox.kubeconfig import write_kubeconfig
 from proxymode_sandbox.process import ProcessRecord
-from proxymode_sandbox.topology import PoolSpec, Topology, node_manifest
+from proxymode_sandbox.realnode import REAL_LABEL, TLS_SERVER_NAME, RealNodes
+from proxymode_sandbox.topology import KWOK_ANNOTATION, PoolSpec, Topology, node_manifest
 
 STATE_FILE = "state.json"
 CRASHLOOP_ANNOTATION = "sandbox.proxymode.io/crashloop"
@@ -43,6 +48,7 @@ OPERATOR_JOB = "proxymode-operator"
 # Node InternalIPs live on loopback (127.0.10.N unless taken, see Sandbox._node_net):
 # reachable, never leave the host.
 DEFAULT_STATE_DIR = Path(".sandbox")
+CRD = Path(__file__).resolve().parents[2] / "crds" / "proxymode.io_proxymodepolicies.yaml"
 
 
 class SandboxError(RuntimeError):
@@ -61,6 +67,10 @@ class SandboxConfig:
     ready_timeout: float = 180.0
     prometheus: bool = True
     """Run simulated kube-proxy metrics and a Prometheus that scrapes them."""
+    real_nodes: int = 0
+    """How many of the nodes (the last ones in creation order) are real (``realnode``)."""
+    services: int = 100
+    """Services besides ``echo`` in namespace ``sandbox`` (only with real nodes)."""
 
     def topology(self) -> Topology:
         return Topology.sized(self.nodes, self.canary_nodes, self.legacy_nodes)
@@ -185,6 +195,7 @@ class Sandbox:
             self._up(report, log)
         except BaseException:
             self._stop_processes()
+            RealNodes(self.dir, self._state).remove()
             raise
         return report
 
@@ -225,13 +236,34 @@ class Sandbox:
             self._start_apiserver(bins, ports, server)
         with self._phase(report, "controllers", log):
             self._start_controllers(bins, ports)
+        real = self._real_count(log)
+        node_server, sni = server, ""
+        if real:
+            with self._phase(report, "network", log):
+                self.real.create_network(_third_octet(self._node_net()))
+                self._save_state()
+                self.real.start_forwarder(self._start, ports["apiserver"])
+                node_server, sni = self.real.server, TLS_SERVER_NAME
         with self._phase(report, "kube-proxy", log):
-            self.apply(kubeadm_proxy.manifests(server, version, self.config.proxy_mode))
+            self.apply(kubeadm_proxy.manifests(node_server, version, self.config.proxy_mode, sni))
         with self._phase(report, "nodes", log):
+            # The last nodes are the real ones: the canaries stay kwok, where the demo's
+            # simulated faults live; a sandbox of real nodes only has real canaries too.
+            names = self.config.topology().node_names()
+            real_names = set(names[len(names) - real :])
             for pool in self.config.topology().pools:
                 for i in range(1, pool.count + 1):
-                    self._create_node(pool, i)
+                    self._create_node(pool, i, real=f"{pool.name}-{i}" in real_names)
+            if real:
+                self.real.start_kubelet(self._start, self.kubeconfig, bins)
+                self.real.start_node_exporters(self._start)
             self.wait_nodes_ready()
+        if real:
+            with self._phase(report, "services", log):
+                ips = services.start_backends(self.real, self._start)
+                self._save_state()
+                services.apply(self.apply, services.objects(ips, self.config.services))
+        with self._phase(report, "kube-proxy ready", log):
             self.wait_kube_proxy_ready()
         if self.config.prometheus:
             with self._phase(report, "prometheus", log):
@@ -244,6 +276,7 @@ class Sandbox:
         Returns the names of the components that were still running.
         """
         stopped = self._stop_processes()
+        RealNodes(self.dir, self._state).remove()
         if self.dir.exists():
             shutil.rmtree(self.dir, ignore_errors=True)
         self._state = {}
@@ -450,6 +483,9 @@ class Sandbox:
             lambda: None if (targets / "kube-proxy.json").exists() else "no targets yet",
         )
         self._check_alive(metrics)
+        if self.real.nodes:
+            pools = {n: n.rsplit("-", 1)[0] for n in self.real.nodes}
+            self.real.write_targets(targets, pools)
         self._start_prometheus(process.free_port())
 
     def _start_prometheus(self, port: int) -> None:
@@ -468,7 +504,8 @@ class Sandbox:
                 {
                     "job_name": job,
                     "file_sd_configs": [
-                        {"files": [str(targets / f"{job}.json")], "refresh_interval": "2s"}
+                        # <job>.json from the simulator, <job>-real.json for the real nodes
+                        {"files": [str(targets / f"{job}*.json")], "refresh_interval": "2s"}
                     ],
                 }
                 for job in ("kube-proxy", "node-exporter", OPERATOR_JOB)
@@ -626,6 +663,50 @@ class Sandbox:
             input_text=text,
         )
 
+    def install_crd(self) -> None:
+        """Install the ProxyModePolicy CRD and wait until it is Established (a user's
+        ``kubectl apply -f examples/...`` works next)."""
+        self.kubectl("apply", "--server-side", "--field-manager=proxymode-sandbox", "-f", str(CRD))
+        name = yaml.safe_load(CRD.read_text())["metadata"]["name"]
+
+        def established() -> str | None:
+            crd = self.get_json("customresourcedefinition", name)
+            return None if _condition(crd, "Established") == "True" else "not Established yet"
+
+        self._wait(f"the CRD {name} to be Established", established)
+
+    # -- real nodes --
+
+    @property
+    def real(self) -> RealNodes:
+        """The real nodes (namespaces on the sandbox's bridge), if any."""
+        return RealNodes(self.dir, self._state)
+
+    def real_node_names(self) -> list[str]:
+        return sorted(self.real.nodes)
+
+    def _real_count(self, log: Callable[[str], None]) -> int:
+        wanted = min(self.config.real_nodes, self.config.nodes)
+        if wanted <= 0:
+            return 0
+        why = netns.available()
+        if why:
+            log(f"real nodes: off, every node is kwok ({why})")
+            return 0
+        return wanted
+
+    def exec(
+        self, node: str, argv: Sequence[str], timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside real node (or backend) ``node``'s network namespace."""
+        try:
+            ns = self.real.netns_of(node)
+        except KeyError as e:
+            raise SandboxError(str(e)) from None
+        return subprocess.run(
+            netns.exec_argv(ns, argv), capture_output=True, text=True, check=False, timeout=timeout
+        )
+
     # -- nodes and faults --
 
     def node_names(self) -> list[str]:
@@ -640,11 +721,15 @@ class Sandbox:
             return defaults[name]
         raise SandboxError(f"unknown pool {name!r}")
 
-    def _create_node(self, pool: PoolSpec, index: int) -> str:
+    def _create_node(self, pool: PoolSpec, index: int, real: bool = False) -> str:
         name = f"{pool.name}-{index}"
         number = int(self._state.get("nodeCounter", 0)) + 1
         manifest = node_manifest(name, pool, index, self.kubernetes_version)
         ip = f"{self._node_net()}{number}"
+        if real:  # no kwok annotation: kwok leaves it alone, the sandbox's kubelet serves it
+            ip = self.real.add_node(name)
+            del manifest["metadata"]["annotations"][KWOK_ANNOTATION]
+            manifest["metadata"]["labels"].update({REAL_LABEL: "true", "type": "real"})
         manifest["status"]["addresses"] = [
             {"type": "InternalIP", "address": ip},
             {"type": "Hostname", "address": name},
@@ -805,12 +890,18 @@ def _binary_version(binary: Path) -> str:
     return out.split()[-1]
 
 
+def _third_octet(prefix: str) -> int | None:
+    """24 for a node net ``127.0.24.``: the real nodes' /24 follows it where free."""
+    parts = prefix.strip(".").split(".")
+    return int(parts[2]) if len(parts) == 3 and parts[2].isdigit() else None
+
+
 def _port_free(host: str, port: int) -> bool:
     """Whether nothing listens on ``host:port`` yet (a bind succeeds).
 
-    SO_REUSEADDR as the simulator's own servers set it: a sandbox stopped a moment ago
-    leaves its scrape connections in TIME_WAIT, which must not count as taken (a listener
-    still does, on Linux)."""
+    SO_REUSEADDR as the servers use it: connections in TIME_WAIT from the last sandbox's
+    scrapes (a minute) do not count as a listener.
+    """
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

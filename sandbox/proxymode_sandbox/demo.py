@@ -34,6 +34,7 @@ import yaml
 
 from proxymode.api import crd as crd_gen
 from proxymode.api import models
+from proxymode_sandbox import evidence
 from proxymode_sandbox.cluster import Sandbox, SandboxError
 from proxymode_sandbox.kube_proxy_metrics import FAULT_ANNOTATION
 from proxymode_sandbox.show import render_cluster
@@ -167,15 +168,22 @@ class _Watch:
         self.last_round = ""
         self.injected: float | None = None
         self.rollback_seen = False
+        self.real_modes: dict[str, str] = {}
 
     def look(self) -> str:
         """One look; returns the phase."""
         status = self.box.get_json("proxymodepolicy", POLICY).get("status") or {}
         elapsed = time.monotonic() - self.start
-        line = _line(elapsed, status, _node_modes(self.box))
+        modes = _node_modes(self.box)
+        line = _line(elapsed, status, modes)
         if line.split("s  ", 1)[1] != self.last_line:
             self.out(line)
             self.last_line = line.split("s  ", 1)[1]
+        real_modes = {n: modes.get(n, "") for n in self.box.real_node_names()}
+        if real_modes != self.real_modes:
+            self.real_modes = real_modes
+            if self.last_round or status:
+                print_rules(self.box, self.out, "during")
         analysis = status.get("analysis") or {}
         if analysis.get("lastRoundTime") and analysis["lastRoundTime"] != self.last_round:
             self.last_round = analysis["lastRoundTime"]
@@ -248,6 +256,16 @@ def plugin_status(box: Sandbox) -> str:
     return done.stdout if done.returncode == 0 else f"(kubectl proxymode: {done.stderr.strip()})"
 
 
+def print_rules(box: Sandbox, out: Any, when: str) -> None:
+    """Per real node, the kernel's word: Service rules per mode, and echo answering."""
+    nodes = box.real_node_names()
+    if not nodes:
+        return
+    out(f"{'':9}real nodes, {when}:")
+    for rules in evidence.collect(box.exec, nodes):
+        out(f"{'':11}{rules.line()}")
+
+
 def _report(box: Sandbox, out: Any) -> None:
     out("\nevents:")
     events = box.kubectl(
@@ -272,6 +290,7 @@ def _report(box: Sandbox, out: Any) -> None:
 def run(box: Sandbox, timeout: float = 600.0, out: Any = print, scenario: str = "migrate") -> str:
     """Run the demo; returns the final phase (``expected_phase`` says which one is success)."""
     _start(box, out, scenario)
+    print_rules(box, out, "before")
     watch = _Watch(box, out, scenario)
     phase = ""
     try:
@@ -289,6 +308,7 @@ def run(box: Sandbox, timeout: float = 600.0, out: Any = print, scenario: str = 
         box.stop_operator()
         if scenario == "rollback":
             _set_fault(box, FAULTY_NODE, None)
+    print_rules(box, out, "after")
     _report(box, out)
     return phase
 

@@ -1,6 +1,7 @@
-"""Simulated kube-proxy and node_exporter metrics for every sandbox node.
+"""Simulated kube-proxy and node_exporter metrics for the sandbox's kwok nodes.
 
-kwok nodes run no kube-proxy, so this process plays its metrics: for each node it serves
+kwok nodes run no kube-proxy, so this process plays its metrics (real nodes, labelled
+``sandbox.proxymode.io/real``, serve their own: ``realnode``): for each node it serves
 ``http://<node InternalIP>:10249/metrics`` (kube-proxy) and ``:9100/metrics``
 (node_exporter's conntrack gauges) on the node's loopback address, with kube-proxy's exact
 metric names, types, labels and buckets (reference/kube-proxy.md §1) for the mode the node
@@ -37,6 +38,7 @@ import yaml
 from kubernetes import client, config
 
 FAULT_ANNOTATION = "sandbox.proxymode.io/fault"
+REAL_LABEL = "sandbox.proxymode.io/real"
 FAULTS = ("slow-sync", "conntrack-high", "sync-failures", "no-metrics")
 KUBE_PROXY_PORT = 10249
 NODE_EXPORTER_PORT = 9100
@@ -211,8 +213,8 @@ class Simulator:
                 meta = node["metadata"]
                 addresses = (node.get("status") or {}).get("addresses") or []
                 ip = next((a["address"] for a in addresses if a.get("type") == "InternalIP"), None)
-                if ip is None:
-                    continue
+                if ip is None or (meta.get("labels") or {}).get(REAL_LABEL) == "true":
+                    continue  # a real node serves its own kube-proxy and node_exporter metrics
                 name = meta["name"]
                 present.add(name)
                 state = self.nodes.get(name)

@@ -25,7 +25,7 @@ kind: Config
 clusters:
 - cluster:
     certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
-    server: {server}
+    server: {server}{tls_server_name}
   name: default
 contexts:
 - context:
@@ -49,8 +49,15 @@ def config_conf(mode: str, cluster_cidr: str = "10.244.0.0/16") -> str:
     )
 
 
-def manifests(server: str, kubernetes_version: str, mode: str = "iptables") -> list[dict[str, Any]]:
-    """Every object kubeadm's kube-proxy addon phase creates, in apply order."""
+def manifests(
+    server: str, kubernetes_version: str, mode: str = "iptables", tls_server_name: str = ""
+) -> list[dict[str, Any]]:
+    """Every object kubeadm's kube-proxy addon phase creates, in apply order.
+
+    ``server`` is the API server as the nodes reach it; ``tls_server_name`` a name in its
+    certificate when that address is not (the real nodes' forwarder on the bridge).
+    """
+    sni = f"\n    tls-server-name: {tls_server_name}" if tls_server_name else ""
     labels = {"k8s-app": NAME}
     return [
         {
@@ -101,7 +108,7 @@ def manifests(server: str, kubernetes_version: str, mode: str = "iptables") -> l
             "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": {"app": NAME}},
             "data": {
                 CONFIG_KEY: config_conf(mode),
-                KUBECONFIG_KEY: _KUBECONFIG.format(server=server),
+                KUBECONFIG_KEY: _KUBECONFIG.format(server=server, tls_server_name=sni),
             },
         },
         {

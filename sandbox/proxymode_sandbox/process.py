@@ -114,14 +114,31 @@ def alive(record: ProcessRecord, marker: str) -> bool:
     return cmd is not None and marker in cmd and not _is_zombie(record.pid)
 
 
+def _ancestors() -> set[int]:
+    """This process and its parents: ``make sandbox-down SANDBOX=/abs/dir`` names the
+    directory too, and must not be stopped by the ``down`` it runs."""
+    found, pid = set(), os.getpid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        ppid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")), "0")
+        pid = int(ppid)
+    return found
+
+
 def pids_referencing(marker: str) -> list[int]:
-    """Every process whose command line mentions ``marker`` (the state directory)."""
+    """Every process whose command line mentions ``marker`` (the state directory),
+    except this one and its ancestors."""
     found = []
+    mine = _ancestors()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        if pid == os.getpid():
+        if pid in mine:
             continue
         cmd = _cmdline(pid)
         if cmd and marker in cmd and not _is_zombie(pid):
@@ -150,6 +167,14 @@ def stop_pids(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
         _reap(pid)
+    # Return only once they are gone (`make sandbox-down` promises that).
+    deadline = time.monotonic() + 5.0
+    while remaining and time.monotonic() < deadline:
+        remaining = [p for p in remaining if _cmdline(p) is not None and not _is_zombie(p)]
+        for pid in remaining:
+            _reap(pid)
+        if remaining:
+            time.sleep(0.05)
 
 
 def stop_popen(proc: subprocess.Popen[Any], grace_seconds: float = 10.0) -> None:

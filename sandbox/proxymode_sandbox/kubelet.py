@@ -1,0 +1,394 @@
+"""A small kubelet for the sandbox's real nodes (why not virtual-kubelet: decision 0030).
+
+One process serves every real node of one sandbox. For each node it keeps the Node
+Ready (conditions with a heartbeat) and renews its Lease in ``kube-node-lease``, as a
+kubelet does. For each pod bound to one of its nodes it runs the container as a process
+inside the node's network namespace (``podspec``), then reports status the way a kubelet
+does: ``Running``; ``Ready`` per the readiness probe (httpGet or tcpSocket) when there is
+one, else as soon as the process runs; the restart count; ``CrashLoopBackOff`` with
+doubling back-off after an exit under ``restartPolicy: Always``; ``Succeeded`` or
+``Failed`` when a ``Never``/``OnFailure`` pod's process ends. A pod being deleted gets
+SIGTERM, SIGKILL after its grace period (at most ``MAX_GRACE``), and is then removed.
+
+Back-off starts at 2 s and doubles up to 40 s (the kubelet's is 10 s to 5 min): the
+sandbox's crash loops must show within a test's patience, and the shape is the same.
+
+    python -m proxymode_sandbox.kubelet --config DIR/realnodes/kubelet.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from proxymode_sandbox.netns import exec_argv
+from proxymode_sandbox.podspec import NodeInfo, PodSpecError, prepare
+from proxymode_sandbox.probe import probe_once
+from proxymode_sandbox.realnode import set_blackhole
+
+BACKOFF_START, BACKOFF_MAX = 2.0, 40.0
+MAX_GRACE = 30.0
+LEASE_SECONDS, LEASE_RENEW, STATUS_EVERY, POLL = 40, 10.0, 30.0, 0.5
+FAULT_ANNOTATION = "sandbox.proxymode.io/fault"
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _micro_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class PodRun:
+    """What the kubelet knows about one pod's (single) container."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: NodeInfo
+    pod_dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: str = ""
+    restarts: int = 0
+    ready: bool = False
+    waiting: tuple[str, str] | None = None
+    terminated: dict[str, Any] | None = None
+    last_state: dict[str, Any] = field(default_factory=dict)
+    retry_at: float = 0.0
+    next_probe: float = 0.0
+    probe_failures: int = 0
+    phase: str = "Pending"
+    stopping: bool = False
+    reported: str = ""
+
+
+class Kubelet:
+    def __init__(self, api: client.ApiClient, nodes: list[NodeInfo], bin_dir: Path) -> None:
+        # Any: the pods are read as raw JSON, and the typed models' Optionals add nothing here.
+        self.core: Any = client.CoreV1Api(api)
+        self.leases: Any = client.CoordinationV1Api(api)
+        self.nodes = {n.name: n for n in nodes}
+        self.bin_dir = bin_dir
+        self.pods: dict[str, PodRun] = {}
+        self.faults: dict[str, str] = {}
+        self.last_lease = self.last_status = 0.0
+
+    # -- nodes --
+
+    def heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self.last_status >= STATUS_EVERY or not self.last_status:
+            for name in self.nodes:
+                self._node_status(name)
+            self.last_status = now
+        if now - self.last_lease >= LEASE_RENEW or not self.last_lease:
+            for name in self.nodes:
+                self._renew_lease(name)
+            self.last_lease = now
+
+    def _node_status(self, name: str) -> None:
+        stamp = _now()
+
+        def cond(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
+            return {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastHeartbeatTime": stamp,
+                "lastTransitionTime": stamp,
+            }
+
+        conditions = [
+            cond("Ready", "True", "KubeletReady", "sandbox kubelet is posting ready status"),
+            cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "ok"),
+            cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "ok"),
+            cond("PIDPressure", "False", "KubeletHasSufficientPID", "ok"),
+        ]
+        node = self.core.read_node(name)
+        for old in node.status.conditions or []:
+            for new in conditions:
+                if new["type"] == old.type and new["status"] == old.status:
+                    new["lastTransitionTime"] = old.last_transition_time.strftime(
+                        "%Y-%m-%dT%H:%M:%SZ"
+                    )
+        self.core.patch_node_status(
+            name, {"status": {"conditions": conditions, "phase": "Running"}}
+        )
+
+    def _renew_lease(self, name: str) -> None:
+        body = {
+            "metadata": {"name": name, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": name,
+                "leaseDurationSeconds": LEASE_SECONDS,
+                "renewTime": _micro_now(),
+            },
+        }
+        try:
+            self.leases.patch_namespaced_lease(name, "kube-node-lease", body)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            self.leases.create_namespaced_lease("kube-node-lease", body)
+
+    def _fault(self, node: str) -> str:
+        return self.faults.get(node, "")
+
+    def sync_faults(self) -> None:
+        """Read each node's fault annotation; put a ``blackhole`` in place or take it away.
+
+        ``blackhole`` is a host firewall that disagrees with kube-proxy: an nftables table
+        of the sandbox's own, hooked before NAT, drops everything sent to the Service range.
+        ``crash`` makes the node's kube-proxy exit as it starts (``_start``).
+        """
+        raw = self.core.list_node(_preload_content=False)
+        for node in json.loads(raw.data)["items"]:
+            name = node["metadata"]["name"]
+            if name not in self.nodes:
+                continue
+            fault = str((node["metadata"].get("annotations") or {}).get(FAULT_ANNOTATION, ""))
+            was = self.faults.get(name, "")
+            self.faults[name] = fault
+            if (fault == "blackhole") != (was == "blackhole"):
+                set_blackhole(self.nodes[name].netns, on=fault == "blackhole")
+
+    # -- pods --
+
+    def sync_pods(self) -> None:
+        raw = self.core.list_pod_for_all_namespaces(
+            field_selector="spec.nodeName!=", _preload_content=False
+        )
+        seen = set()
+        for pod in json.loads(raw.data)["items"]:
+            node = self.nodes.get(pod["spec"].get("nodeName", ""))
+            if node is None:
+                continue
+            uid = pod["metadata"]["uid"]
+            seen.add(uid)
+            run = self.pods.get(uid)
+            if run is None:
+                if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                    continue
+                run = PodRun(
+                    uid,
+                    pod["metadata"]["namespace"],
+                    pod["metadata"]["name"],
+                    node,
+                    node.root
+                    / "pods"
+                    / f"{pod['metadata']['namespace']}_{pod['metadata']['name']}_{uid[:8]}",
+                )
+                self.pods[uid] = run
+            if pod["metadata"].get("deletionTimestamp"):
+                self._delete(run, pod)
+                continue
+            self._step(run, pod)
+            self._report(run, pod)
+        for uid in list(self.pods):
+            if uid not in seen:
+                self._stop(self.pods.pop(uid), 0.0)
+
+    def _step(self, run: PodRun, pod: dict[str, Any]) -> None:
+        policy = pod["spec"].get("restartPolicy", "Always")
+        if run.phase in ("Succeeded", "Failed") or run.stopping:
+            return
+        if run.proc is None:
+            if time.monotonic() >= run.retry_at:
+                self._start(run, pod)
+            return
+        code = run.proc.poll()
+        if code is None:
+            self._probe(run, pod)
+            return
+        finished = _now()
+        state = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": run.started_at,
+            "finishedAt": finished,
+        }
+        run.proc, run.ready = None, False
+        if policy == "Never" or (policy == "OnFailure" and code == 0):
+            run.terminated, run.phase = state, ("Succeeded" if code == 0 else "Failed")
+            return
+        run.last_state = {"terminated": state}
+        run.restarts += 1
+        delay = min(BACKOFF_START * 2 ** (run.restarts - 1), BACKOFF_MAX)
+        run.retry_at = time.monotonic() + delay
+        run.waiting = (
+            "CrashLoopBackOff",
+            f"back-off {delay:.0f}s restarting failed container (exit code {code})",
+        )
+
+    def _start(self, run: PodRun, pod: dict[str, Any]) -> None:
+        try:
+            launch = prepare(self.core, pod, run.node, run.pod_dir, self.bin_dir)
+        except (PodSpecError, ApiException) as e:
+            run.waiting = ("CreateContainerConfigError", str(e)[:300])
+            run.retry_at = time.monotonic() + BACKOFF_START
+            return
+        argv = launch.argv
+        if self._fault(run.node.name) == "crash" and "kube-proxy" in Path(launch.program).name:
+            # The fault, in the node's namespace: kube-proxy's process exits as it starts.
+            argv = exec_argv(run.node.netns, ["sh", "-c", "echo 'fault crash: exit 1'; exit 1"])
+        log = run.pod_dir / "container.log"
+        run.pod_dir.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            run.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=launch.env,
+                start_new_session=True,
+            )
+        run.started_at, run.waiting, run.phase = _now(), None, "Running"
+        run.ready = "readinessProbe" not in pod["spec"]["containers"][0]
+        run.next_probe = time.monotonic() + float(
+            pod["spec"]["containers"][0].get("readinessProbe", {}).get("initialDelaySeconds", 0)
+        )
+
+    def _probe(self, run: PodRun, pod: dict[str, Any]) -> None:
+        container = pod["spec"]["containers"][0]
+        probe = container.get("readinessProbe")
+        if not probe or time.monotonic() < run.next_probe:
+            return
+        run.next_probe = time.monotonic() + float(probe.get("periodSeconds", 10))
+        ok = probe_once(probe, run.node.ip, container)
+        if ok:
+            run.probe_failures = 0
+            run.ready = True
+        else:
+            run.probe_failures += 1
+            if run.probe_failures >= int(probe.get("failureThreshold", 3)) or not run.ready:
+                run.ready = False
+
+    def _delete(self, run: PodRun, pod: dict[str, Any]) -> None:
+        if run.stopping:
+            return
+        run.stopping = True
+        grace = min(float(pod["spec"].get("terminationGracePeriodSeconds", 30)), MAX_GRACE)
+
+        def finish() -> None:
+            self._stop(run, grace)
+            with contextlib.suppress(ApiException):
+                self.core.delete_namespaced_pod(
+                    run.name,
+                    run.namespace,
+                    grace_period_seconds=0,
+                    body=client.V1DeleteOptions(
+                        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=run.uid)
+                    ),
+                )
+
+        threading.Thread(target=finish, daemon=True).start()
+
+    def _stop(self, run: PodRun, grace: float) -> None:
+        proc = run.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=max(grace, 0.1))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for run in self.pods.values():
+            self._stop(run, 5.0)
+
+    def _report(self, run: PodRun, pod: dict[str, Any]) -> None:
+        container = pod["spec"]["containers"][0]
+        if run.proc is not None:
+            state: dict[str, Any] = {"running": {"startedAt": run.started_at}}
+        elif run.terminated is not None:
+            state = {"terminated": run.terminated}
+        else:
+            reason, message = run.waiting or ("ContainerCreating", "")
+            state = {"waiting": {"reason": reason, "message": message}}
+        ready = run.ready and run.proc is not None
+        stamp = _now()
+        conditions = [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Initialized", "status": "True"},
+            {"type": "ContainersReady", "status": str(ready)},
+            {"type": "Ready", "status": str(ready)},
+        ]
+        status = {
+            "phase": run.phase,
+            "hostIP": run.node.ip,
+            "hostIPs": [{"ip": run.node.ip}],
+            "podIP": run.node.ip,
+            "podIPs": [{"ip": run.node.ip}],
+            "conditions": conditions,
+            "containerStatuses": [
+                {
+                    "name": container["name"],
+                    "image": container.get("image", ""),
+                    "imageID": "",
+                    "containerID": f"sandbox://{run.proc.pid}" if run.proc else "",
+                    "ready": ready,
+                    "started": run.proc is not None,
+                    "restartCount": run.restarts,
+                    "state": state,
+                    "lastState": run.last_state,
+                }
+            ],
+        }
+        key = json.dumps(status, sort_keys=True)
+        if key == run.reported:
+            return
+        for c in conditions:
+            c["lastTransitionTime"] = stamp
+        status["startTime"] = pod.get("status", {}).get("startTime") or stamp
+        with contextlib.suppress(ApiException):
+            self.core.patch_namespaced_pod_status(run.name, run.namespace, {"status": status})
+            run.reported = key
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--config", required=True, type=Path)
+    args = p.parse_args(argv)
+    cfg = json.loads(args.config.read_text())
+    api = config.new_client_from_config(config_file=cfg["kubeconfig"])  # type: ignore[no-untyped-call]
+    nodes = [NodeInfo(n["name"], n["netns"], n["ip"], Path(n["root"])) for n in cfg["nodes"]]
+    kubelet = Kubelet(api, nodes, Path(cfg["binDir"]))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"sandbox kubelet: serving {', '.join(n.name for n in nodes)}", flush=True)
+    try:
+        while not stop.is_set():
+            try:
+                kubelet.heartbeat()
+                kubelet.sync_faults()
+                kubelet.sync_pods()
+            except (ApiException, OSError) as e:
+                print(f"sandbox kubelet: {e}", flush=True)
+            stop.wait(POLL)
+    finally:
+        kubelet.stop_all()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
