@@ -6,7 +6,7 @@ from tests.schedule import CaseInfo, group_of, plain_nodeid, plan
 
 
 def info(nodeid: str, *scopes: str, sandbox: bool = False) -> CaseInfo:
-    module = nodeid.split("::")[0]
+    module = nodeid.split("::", maxsplit=1)[0]
     return CaseInfo(nodeid, module, module.rsplit("/", 1)[0], frozenset(scopes), sandbox)
 
 
