@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # longest tests first (tests/schedule.py, docs/decisions/0040-parallel-suite.md).
 # TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 4
-PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=15
 SCENARIO ?= migrate
 
 .PHONY: help run crds venv binaries system-deps sandbox sandbox-down sandbox-status demo lint test test-unit test-sandbox bench clean

@@ -14,8 +14,12 @@ own:
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,21 +58,54 @@ def _under_xdist(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+UNITS_KEY = "proxymode_units"
+"""workerinput key: the file where workers leave ``{node id: unit}`` for the controller."""
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     infos = [_info(item) for item in items]
     for item, info in zip(items, infos, strict=True):
         if info.uses_sandbox or item.path.is_relative_to(TESTS / "sandbox"):
             item.add_marker(pytest.mark.sandbox)
-    if not _under_xdist(config) or config.getoption("dist", "no") != "loadgroup":
+    units_file = getattr(config, "workerinput", {}).get(UNITS_KEY)
+    if not units_file:
         return
     # Every worker runs this on the same collection with the same inputs, so all of them
-    # agree on the order (xdist refuses to run otherwise).
+    # agree on the order (xdist refuses to run otherwise) and write the same units.
     cached = config.cache.get(CACHE_KEY, {}) if config.cache else {}
     plan = schedule.plan(infos, schedule.load_durations(cached))
-    for index, group in plan.groups.items():
-        items[index].add_marker(pytest.mark.xdist_group(group))
+    units = {info.nodeid: plan.groups.get(i, info.nodeid) for i, info in enumerate(infos)}
+    partial = Path(f"{units_file}.{os.getpid()}")
+    partial.write_text(json.dumps(units))
+    partial.replace(units_file)
     items[:] = [items[i] for i in plan.order]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist") and not _under_xdist(config):
+        config.pluginmanager.register(_Units(config), "proxymode-units")
+
+
+class _Units:
+    """Controller side: tells the workers where to leave their units, schedules by them."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="proxymode-units-")) / "units.json"
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[UNITS_KEY] = str(self.path)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        from tests.xdist_units import UnitScheduling  # noqa: PLC0415 - only under xdist
+
+        return UnitScheduling(config, log, self.path)
+
+    def pytest_unconfigure(self) -> None:
+        shutil.rmtree(self.path.parent, ignore_errors=True)
 
 
 _measured: dict[str, float] = {}
