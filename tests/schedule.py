@@ -9,8 +9,9 @@ ones must stay together on one worker and in which order the work is handed out:
   sandbox, the chart's, a module's second Prometheus) stays with every test of that module
   (or package), so the fixture is built once.
 - Short tests (estimated under ``SHORT_SECONDS``) stay with their module too: handing them out
-  one by one costs more than they take.
-- Every other test (a migration on the worker's session sandbox) is a unit of its own.
+  one by one costs more than they take. So do tests that use no sandbox: what they share is
+  session fixtures of their own directory (the chart's wheel and image venv), built once.
+- Every other test (a long case on the worker's session sandbox) is a unit of its own.
 - Units go out longest first (estimates from measured durations, ``DURATIONS``), so the long
   ones start at once and the short ones fill the gaps at the end.
 
@@ -75,7 +76,7 @@ def group_of(test: CaseInfo, seconds: float) -> str | None:
     """The name of the unit ``test`` must run in, or None when it is a unit of its own."""
     if "package" in test.narrow_scopes:
         return test.package
-    if test.narrow_scopes or seconds < SHORT_SECONDS:
+    if test.narrow_scopes or seconds < SHORT_SECONDS or not test.uses_sandbox:
         return test.module
     return None
 

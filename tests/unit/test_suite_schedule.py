@@ -15,7 +15,8 @@ def test_module_fixtures_and_short_tests_stay_with_their_module() -> None:
     assert group_of(info("t/a.py::x", "class"), 100) == "t/a.py"
     assert group_of(info("t/a.py::x", "package"), 100) == "t"
     assert group_of(info("t/a.py::x"), 0.5) == "t/a.py", "short: batched"
-    assert group_of(info("t/a.py::x", sandbox=True), 60) is None, "long on session fixtures"
+    assert group_of(info("t/a.py::x"), 60) == "t/a.py", "long, no sandbox: shares the module's"
+    assert group_of(info("t/a.py::x", sandbox=True), 60) is None, "long on the session sandbox"
 
 
 def test_units_go_out_longest_first_and_keep_their_order_inside() -> None:
