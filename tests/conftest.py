@@ -84,14 +84,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist") and not _under_xdist(config):
-        config.pluginmanager.register(_Units(config), "proxymode-units")
+        config.pluginmanager.register(_Units(), "proxymode-units")
 
 
 class _Units:
     """Controller side: tells the workers where to leave their units, schedules by them."""
 
-    def __init__(self, config: pytest.Config) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="proxymode-units-")) / "units.json"
+    def __init__(self) -> None:
+        self.dir: Path | None = None
+
+    @property
+    def path(self) -> Path:
+        if self.dir is None:
+            self.dir = Path(tempfile.mkdtemp(prefix="proxymode-units-"))
+        return self.dir / "units.json"
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[UNITS_KEY] = str(self.path)
@@ -105,7 +111,8 @@ class _Units:
         return UnitScheduling(config, log, self.path)
 
     def pytest_unconfigure(self) -> None:
-        shutil.rmtree(self.path.parent, ignore_errors=True)
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _measured: dict[str, float] = {}
