@@ -172,14 +172,26 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterato
     with _locked(shared / "image-venv.lock"):
         if not (top / "done").exists():
             shutil.rmtree(top, ignore_errors=True)
-            top.mkdir(mode=0o755)
-            top.chmod(0o755)
-            run([image_python(), "-m", "venv", venv])
-            run([venv / "bin" / "pip", "install", "--quiet", "--disable-pip-version-check", wheel])
-            for path in [top, *top.rglob("*")]:
-                if path.is_dir():
-                    path.chmod(0o755)
-            (top / "done").touch()
+            try:
+                top.mkdir(mode=0o755)
+                top.chmod(0o755)
+                run([image_python(), "-m", "venv", venv])
+                run(
+                    [
+                        venv / "bin" / "pip",
+                        "install",
+                        "--quiet",
+                        "--disable-pip-version-check",
+                        wheel,
+                    ]
+                )
+                for path in [top, *top.rglob("*")]:
+                    if path.is_dir():
+                        path.chmod(0o755)
+                (top / "done").touch()
+            except BaseException:  # a timeout too: leave no half-built venv behind
+                shutil.rmtree(top, ignore_errors=True)
+                raise
         users.write_text(str(int(users.read_text() or 0) + 1) if users.exists() else "1")
     try:
         yield venv
