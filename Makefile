@@ -7,6 +7,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 SANDBOX ?= .sandbox
 PYTEST_ARGS ?=
+# The suite mostly waits on real clusters: workers side by side, each with its own sandbox,
+# longest tests first (tests/schedule.py, docs/decisions/0040-parallel-suite.md).
+# TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=15
 SCENARIO ?= migrate
 
 .PHONY: help run crds venv binaries system-deps image sandbox sandbox-down sandbox-status demo lint test test-unit test-sandbox bench clean
@@ -67,13 +72,13 @@ lint: venv
 	$(VENV)/bin/lint-imports
 
 test: venv binaries system-deps lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 test-sandbox: venv binaries system-deps
-	$(PY) -m pytest tests/sandbox $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_PARALLEL) tests/sandbox $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) -m benchmarks.engine_scale

@@ -5,7 +5,8 @@
 For each size, in one run side by side (machines are shared and noisy, so compare the
 ratios, not the absolute times): the time of one ``advance()`` look in the middle of a
 rollout (best and median of ``--looks``), the stored status's JSON size, and the length of
-the canary group's PromQL query (the body the adapter POSTs). The cluster is the engine
+the canary group's PromQL query (the body the adapter POSTs), and the time to build the node
+matcher for every node (the regex a query over all of them carries). The cluster is the engine
 tests' model (``tests.unit.engine.sim``), so nothing here measures the API server: the
 adapter's own cost of listing nodes and pods on every look is not in these figures.
 """
@@ -20,6 +21,7 @@ import tracemalloc
 from dataclasses import dataclass
 
 from proxymode.analysis import group_query
+from proxymode.analysis.templates import node_matcher
 from proxymode.api.models import Check, Phase, ProxyModePolicy
 from proxymode.engine.machine import advance
 from tests.unit.engine.sim import Sim
@@ -33,6 +35,7 @@ class Row:
     peak_kib: float
     status_kib: float
     query_kib: float
+    matcher_ms: float
 
 
 def policy() -> ProxyModePolicy:
@@ -84,6 +87,10 @@ def measure(nodes: int, looks: int) -> Row:
     canary = [n for s in decision.status.stages for n in s.nodes]
     check = Check.model_validate({"name": "p99", "template": "SyncLatencyP99", "maxSeconds": 1})
     query = group_query(check, nodes=canary or ["x"], node_label="instance", window_seconds=300)
+    names = [f"ip-10-{i // 65536}-{i // 256 % 256}-{i % 256}.internal" for i in range(nodes)]
+    started = time.perf_counter()
+    node_matcher(names, "instance")
+    matcher_ms = (time.perf_counter() - started) * 1000
     return Row(
         nodes,
         min(times),
@@ -91,6 +98,7 @@ def measure(nodes: int, looks: int) -> Row:
         peak / 1024,
         len(status) / 1024,
         len(query) / 1024,
+        matcher_ms,
     )
 
 
@@ -109,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r.nodes:>6} {r.look_best_ms:>8.1f}ms {r.look_median_ms:>7.1f}ms"
             f" {r.look_median_ms / base.look_median_ms:>7.1f}x {r.peak_kib:>6.0f}KiB"
-            f" {r.status_kib:>6.1f}KiB {r.query_kib:>17.1f}KiB"
+            f" {r.status_kib:>6.1f}KiB {r.query_kib:>17.1f}KiB {r.matcher_ms:>18.1f}ms"
         )
     return 0
 

@@ -14,6 +14,7 @@ each, the real kube-proxy run by the sandbox's kubelet), with real Services
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -118,6 +120,7 @@ class Sandbox:
         self.config = config or SandboxConfig()
         self.dir = self.config.state_dir.resolve()
         self._state: dict[str, Any] = self._load_state()
+        self._net_lock: IO[bytes] | None = None
 
     # -- paths --
 
@@ -280,6 +283,9 @@ class Sandbox:
         if self.dir.exists():
             shutil.rmtree(self.dir, ignore_errors=True)
         self._state = {}
+        if self._net_lock is not None:
+            self._net_lock.close()
+            self._net_lock = None
         return stopped
 
     def _stop_processes(self) -> list[str]:
@@ -743,21 +749,29 @@ class Sandbox:
     def _node_net(self) -> str:
         """The /24 on loopback this sandbox's nodes live in, chosen once and kept in state.
 
-        ``PROXYMODE_SANDBOX_NODE_NET`` decides when set; otherwise the first of 127.0.10.,
-        127.0.11., ... whose kube-proxy metrics ports nothing serves yet, so a test sandbox
-        does not collide with a ``make demo`` sandbox left running (two simulators cannot
-        serve the same node address, and one Prometheus would scrape the other's nodes).
+        ``PROXYMODE_SANDBOX_NODE_NET`` decides when set: one prefix (``127.0.30.``), or a
+        range to choose from (``127.0.30.-127.0.39.``, for parallel test workers); otherwise
+        the first of 127.0.10., 127.0.11., ... that is free: no other sandbox of this machine
+        holds its lock (``node_net_lock``, held while this object lives, so sandboxes started
+        at the same instant by parallel test workers never pick the same one) and nothing
+        serves its kube-proxy metrics port (a ``make demo`` sandbox left running: two
+        simulators cannot serve the same node address, and one Prometheus would scrape the
+        other's nodes).
         """
         chosen = self._state.get("nodeNet")
         if chosen:
             return str(chosen)
-        wanted = os.environ.get("PROXYMODE_SANDBOX_NODE_NET")
-        candidates = [wanted] if wanted else [f"127.0.{n}." for n in range(10, 60)]
+        candidates = node_net_candidates(os.environ.get("PROXYMODE_SANDBOX_NODE_NET", ""))
         for prefix in candidates:
+            lock = node_net_lock(prefix)
+            if lock is None:
+                continue
             if not self.config.prometheus or _port_free(f"{prefix}1", 10249):
+                self._net_lock = lock
                 self._state["nodeNet"] = prefix
                 self._save_state()
                 return prefix
+            lock.close()
         raise SandboxError(
             f"the node addresses {candidates[0]}1:10249 and on are served by another process"
             " (another sandbox? `make sandbox-down`); set PROXYMODE_SANDBOX_NODE_NET"
@@ -909,3 +923,30 @@ def _port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def node_net_candidates(wanted: str) -> list[str]:
+    """The node-network prefixes ``PROXYMODE_SANDBOX_NODE_NET`` allows, in order."""
+    wanted = wanted.strip()
+    if not wanted:
+        return [f"127.0.{n}." for n in range(10, 60)]
+    first, _, last = wanted.partition("-")
+    if not last:
+        return [first]
+    head, low = first.rstrip(".").rsplit(".", 1)
+    high = last.rstrip(".").rsplit(".", 1)[1]
+    return [f"{head}.{n}." for n in range(int(low), int(high) + 1)]
+
+
+def node_net_lock(prefix: str) -> IO[bytes] | None:
+    """An exclusive lock on ``prefix`` for this machine, or None when another process holds
+    it. The lock goes with the returned file (closed, or its process gone)."""
+    locks = Path(tempfile.gettempdir()) / "proxymode-node-nets"
+    locks.mkdir(exist_ok=True)
+    handle = (locks / f"{prefix}lock").open("wb")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+    return handle

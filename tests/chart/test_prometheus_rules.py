@@ -3,7 +3,8 @@
 The rules are taken from ``helm template`` output (monitoring-on values), so what is checked is
 exactly what the chart installs: ``promtool check rules`` on the full groups (expressions,
 durations, annotation templates), then ``promtool test rules`` (data/rules-test.yaml) with input
-series that make every alert fire and, just as important, not fire.
+series that make every alert fire and, just as important, not fire. Without promtool (`make
+system-deps` installs it) each test fails saying so, as the tests/promql ones do.
 """
 
 from __future__ import annotations
@@ -16,11 +17,7 @@ import pytest
 import yaml
 
 from tests.chart.conftest import CHART, DATA, one, render, run
-
-pytestmark = pytest.mark.skipif(
-    shutil.which("promtool") is None,
-    reason="promtool is not installed (`make system-deps` installs Debian's prometheus package)",
-)
+from tests.tools import required
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +30,7 @@ def groups(bins: Path) -> list[dict[str, object]]:
 def test_promtool_check_rules(groups: list[dict[str, object]], tmp_path: Path) -> None:
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
-    result = run(["promtool", "check", "rules", rules])
+    result = run([required("promtool"), "check", "rules", rules])
     assert "SUCCESS: 5 rules found" in result.stdout + result.stderr
 
 
@@ -44,7 +41,7 @@ def test_promtool_unit_tests_fire_and_hold(groups: list[dict[str, object]], tmp_
             rule.pop("annotations", None)
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": stripped}, sort_keys=False))
     shutil.copy(DATA / "rules-test.yaml", tmp_path / "rules-test.yaml")
-    result = run(["promtool", "test", "rules", tmp_path / "rules-test.yaml"])
+    result = run([required("promtool"), "test", "rules", tmp_path / "rules-test.yaml"])
     assert "SUCCESS" in result.stdout + result.stderr
 
 
@@ -63,6 +60,6 @@ def test_promtool_unit_tests_catch_a_wrong_threshold(bins: Path, tmp_path: Path)
             r.pop("annotations", None)
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     shutil.copy(DATA / "rules-test.yaml", tmp_path / "rules-test.yaml")
-    result = run(["promtool", "test", "rules", tmp_path / "rules-test.yaml"], check=False)
+    result = run([required("promtool"), "test", "rules", tmp_path / "rules-test.yaml"], check=False)
     assert result.returncode != 0
     assert "KubeProxyRuleSyncSlow" in result.stdout + result.stderr

@@ -24,7 +24,6 @@ Why this shape:
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,6 +34,7 @@ from pathlib import Path
 import requests
 
 from proxymode_sandbox.process import free_port, stop_popen
+from tests.tools import required
 
 T0 = 1_700_000_000  # 2023-11-14T22:13:20Z: the first scrape
 STEP = 15  # seconds between scrapes
@@ -264,14 +264,6 @@ def openmetrics(nodes: Sequence[Node] = NODES) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    assert path is not None, (
-        f"{name} is not on PATH; `make system-deps` installs it (Debian's prometheus package)"
-    )
-    return path
-
-
 def backfill(text: str, workdir: Path) -> Path:
     """Write ``text`` and turn it into TSDB blocks under ``workdir/tsdb``."""
     source = workdir / "history.om"
@@ -279,7 +271,7 @@ def backfill(text: str, workdir: Path) -> Path:
     tsdb = workdir / "tsdb"
     done = subprocess.run(
         [
-            _tool("promtool"),
+            required("promtool"),
             "tsdb",
             "create-blocks-from",
             "openmetrics",
@@ -310,7 +302,7 @@ def serve(tsdb: Path, workdir: Path, *, ready_timeout: float = 30.0) -> Iterator
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [
-                    _tool("prometheus"),
+                    required("prometheus"),
                     f"--config.file={config}",
                     f"--storage.tsdb.path={tsdb}",
                     "--storage.tsdb.retention.time=100y",  # keep the 2023 blocks

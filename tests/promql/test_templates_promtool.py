@@ -18,7 +18,6 @@ Evaluation is at 10m; every window is [300s], i.e. samples 5m..10m (counters: 5 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import yaml
 
 from proxymode.analysis.templates import group_query, per_node_query
 from proxymode.api.models import Check
+from tests.tools import required
 
 WINDOW = 300
 EVAL_TIME = "10m"
@@ -337,11 +337,7 @@ IDS = [s.name for s in SCENARIOS]
 
 
 def _promtool() -> str:
-    path = shutil.which("promtool")
-    assert path is not None, (
-        "promtool is not on PATH; `make system-deps` installs it (Debian's prometheus package)"
-    )
-    return path
+    return required("promtool")
 
 
 def _run(tmp_path: Path, series: list[dict[str, str]], tests: list[dict[str, object]]) -> str:

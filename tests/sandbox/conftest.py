@@ -30,7 +30,6 @@ from tests.sandbox.harness import (
     pods_by_node,
 )
 
-pytestmark = pytest.mark.sandbox
 T = TypeVar("T")
 CRD = Path(__file__).resolve().parents[2] / "crds" / "proxymode.io_proxymodepolicies.yaml"
 
@@ -38,7 +37,11 @@ CRD = Path(__file__).resolve().parents[2] / "crds" / "proxymode.io_proxymodepoli
 @pytest.fixture(scope="session")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     """A running 6-node sandbox (2 canary, 3 general, 1 legacy with an old kernel)."""
-    state = Path(os.environ.get("PROXYMODE_TEST_SANDBOX", tmp_path_factory.mktemp("sandbox")))
+    # One per pytest-xdist worker: each has its own base temp dir (and node network, see
+    # Sandbox._node_net); a fixed PROXYMODE_TEST_SANDBOX gets a subdirectory per worker.
+    fixed = os.environ.get("PROXYMODE_TEST_SANDBOX")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    state = Path(fixed) / worker if fixed else tmp_path_factory.mktemp("sandbox")
     box = Sandbox(SandboxConfig(state_dir=state / "state", nodes=6, canary_nodes=2, legacy_nodes=1))
     try:
         box.up()

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import yaml
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from proxymode.api import models
@@ -117,15 +117,44 @@ class Sampler(threading.Thread):
         self.halt = threading.Event()
         self.violations: list[str] = []
         self.samples = 0
-        self.jobs: dict[str, str] = {}  # job name -> node
+        self.jobs: dict[str, str] = {}  # job name -> node, every Job seen (a watch)
         self.max_switching = 0
         self.on_pod: Callable[[client.V1Pod], None] | None = None
 
     def run(self) -> None:
+        jobs = threading.Thread(target=self._watch_jobs, daemon=True)
+        jobs.start()
         while not self.halt.is_set():
             with contextlib.suppress(ApiException):
                 self.sample()
             self.halt.wait(0.3)
+        jobs.join(timeout=5)
+
+    def _watch_jobs(self) -> None:
+        """Every Job created in the namespace, from a watch: a cleanup Job that comes and goes
+        between two samples (a busy machine makes a sample slow) is still seen."""
+        version = ""
+        while not self.halt.is_set():
+            stream = watch.Watch()
+            try:
+                for event in stream.stream(
+                    self.batch.list_namespaced_job,
+                    self.namespace,
+                    resource_version=version,
+                    timeout_seconds=2,
+                ):
+                    job = event["object"]
+                    version = job.metadata.resource_version or version
+                    self.jobs[job.metadata.name] = (job.metadata.labels or {}).get(
+                        "proxymode.io/node", ""
+                    )
+                    if self.halt.is_set():
+                        break
+            except ApiException as e:
+                if e.status == 410:  # too old: list again from now
+                    version = ""
+            finally:
+                stream.stop()
 
     def sample(self) -> None:
         pods = self.core.list_namespaced_pod(
@@ -149,8 +178,6 @@ class Sampler(threading.Thread):
         self.max_switching = max(self.max_switching, len(switching))
         if len(switching) > self.budget:
             self.violations.append(f"{len(switching)} nodes switching at once: {switching}")
-        for job in self.batch.list_namespaced_job(self.namespace).items:
-            self.jobs[job.metadata.name] = (job.metadata.labels or {}).get("proxymode.io/node", "")
         self.samples += 1
 
     def stop(self) -> None:

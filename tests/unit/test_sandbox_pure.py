@@ -10,7 +10,12 @@ import yaml
 from cryptography import x509
 
 from proxymode_sandbox.certs import CertificateAuthority
-from proxymode_sandbox.cluster import Sandbox, SandboxConfig
+from proxymode_sandbox.cluster import (
+    Sandbox,
+    SandboxConfig,
+    node_net_candidates,
+    node_net_lock,
+)
 from proxymode_sandbox.kubeadm_proxy import config_conf, manifests
 from proxymode_sandbox.topology import Topology, node_manifest
 
@@ -95,3 +100,33 @@ def test_a_sandbox_picks_a_node_network_nobody_serves(
         assert Sandbox(SandboxConfig(state_dir=tmp_path / "b"))._node_net() == second, "kept"
     monkeypatch.setenv("PROXYMODE_SANDBOX_NODE_NET", "127.0.42.")
     assert Sandbox(SandboxConfig(state_dir=tmp_path / "c"))._node_net() == "127.0.42."
+
+
+def test_node_networks_come_from_one_prefix_a_range_or_the_default() -> None:
+    assert node_net_candidates("127.0.42.") == ["127.0.42."]
+    assert node_net_candidates("127.0.30.-127.0.33.") == [
+        "127.0.30.",
+        "127.0.31.",
+        "127.0.32.",
+        "127.0.33.",
+    ]
+    default = node_net_candidates("")
+    assert default[0] == "127.0.10." and len(default) == 50
+
+
+def test_two_sandboxes_started_at_once_never_share_a_node_network(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parallel test workers pick at the same instant, before any simulator listens: the
+    lock, not the port probe, keeps them apart; it goes with the sandbox."""
+    monkeypatch.setenv("PROXYMODE_SANDBOX_NODE_NET", "127.0.58.-127.0.59.")
+    for d in "abc":
+        (tmp_path / d).mkdir()
+    a = Sandbox(SandboxConfig(state_dir=tmp_path / "a"))
+    b = Sandbox(SandboxConfig(state_dir=tmp_path / "b"))
+    assert {a._node_net(), b._node_net()} == {"127.0.58.", "127.0.59."}
+    held = node_net_lock(a._node_net())
+    assert held is None, "another process's (or object's) lock is exclusive"
+    a.down()
+    again = Sandbox(SandboxConfig(state_dir=tmp_path / "c"))._node_net()
+    assert again == "127.0.58.", "down() hands the network back"

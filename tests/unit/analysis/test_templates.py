@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
@@ -111,10 +110,7 @@ def test_a_5000_node_matcher() -> None:
         f"ip-10-{i // 65536}-{i // 256 % 256}-{i % 256}.eu-west-1.compute.internal"
         for i in range(5000)
     ]
-    started = time.perf_counter()
-    matcher = node_matcher(nodes, "instance")
-    elapsed = time.perf_counter() - started
-    assert elapsed < 1.0
+    matcher = node_matcher(nodes, "instance")  # its build time: benchmarks/engine_scale.py
     pattern = _pattern(matcher)
     assert pattern.count("|") == 4999
     assert len(matcher) < 400_000  # a few hundred kB: sent by POST, fine for Prometheus
