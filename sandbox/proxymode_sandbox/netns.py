@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import os
+import secrets
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -47,7 +49,8 @@ def available() -> str | None:
     """None when this machine can make network namespaces, else why not (said once)."""
     if shutil.which("ip") is None:
         return "the `ip` command (iproute2) is not installed"
-    probe = f"pm-probe-{sandbox_id(Path.cwd())}"
+    # Unique per process: parallel test workers and sandboxes probe at the same moment.
+    probe = f"pm-probe-{os.getpid()}-{secrets.token_hex(2)}"
     made = _run(["ip", "netns", "add", probe], check=False)
     if made.returncode != 0:
         return f"cannot create a network namespace: {made.stderr.strip()}"

@@ -28,8 +28,12 @@ pytestmark = [pytest.mark.sandbox]
 SERVICES = 100
 ECHO_URL = f"http://{ECHO_CLUSTER_IP}/"
 
-if netns.available() is not None:  # pragma: no cover - machines without namespaces
-    pytest.skip(f"no network namespaces here: {netns.available()}", allow_module_level=True)
+
+def _require_namespaces() -> None:
+    """Skip (at run time, so parallel workers collect the same tests) without namespaces."""
+    why = netns.available()
+    if why is not None:  # pragma: no cover - machines without namespaces
+        pytest.skip(f"no network namespaces here: {why}")
 
 
 def _config(state: Path, **kw: object) -> SandboxConfig:
@@ -38,7 +42,11 @@ def _config(state: Path, **kw: object) -> SandboxConfig:
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    """A 3-node sandbox whose nodes are all real, with echo and 100 Services."""
+    """A 3-node sandbox whose nodes are all real, with echo and 100 Services.
+
+    Skipped here, not at collection, so parallel workers always collect the same tests.
+    """
+    _require_namespaces()
     box = Sandbox(_config(tmp_path_factory.mktemp("real") / "state", services=SERVICES))
     try:
         box.up()
@@ -163,6 +171,7 @@ def test_iptables_mode_programs_every_service_and_echo_answers_from_every_node(
 
 def test_down_removes_everything_even_after_a_crash(tmp_path: Path) -> None:
     """A sandbox whose kubelet died and whose state file is lost still goes away whole."""
+    _require_namespaces()
     box = Sandbox(_config(tmp_path / "state", services=0, prometheus=False))
     sid = netns.sandbox_id(box.dir)
     try:
