@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from proxymode.api.models import Phase
 from proxymode.engine.actions import EmitEvent
 from tests.unit.engine.seq import (
@@ -116,10 +114,6 @@ def test_failing_rounds_count_while_a_newcomer_joins_a_baking_stage() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 22: while paused with automatic: false, a breach is not reported",
-)
 def test_a_breach_while_paused_without_automatic_rollback_is_reported() -> None:
     """issue 9 item 22: canaries crash-looping during a pause (rollback.automatic false):
     Degraded=True and a Warning naming the node."""
@@ -144,10 +138,6 @@ def test_a_breach_while_paused_without_automatic_rollback_is_reported() -> None:
     assert condition(run.policy.status, "Degraded") == "True"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 23: onNoData: Continue promotes without saying so",
-)
 def test_on_no_data_continue_says_that_it_promoted_without_data() -> None:
     """issue 9 item 23: a promotion on onNoData: Continue is said in an Event and history."""
     sim = Sim.cluster({"canary": 2, "general": 2})
@@ -209,10 +199,6 @@ def test_a_passing_round_resets_the_no_data_count_and_a_failing_one_does_too() -
     assert run.policy.status.phase == Phase.ANALYZING, run.policy.status.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 (tests): DataReturned is an Event only; history says Resumed",
-)
 def test_data_returning_after_a_no_data_pause_is_recorded_in_history() -> None:
     """issue 9 (tests, test_gates.py:136): after a NoData pause, the data returns: the
     policy resumes and status.history records DataReturned."""

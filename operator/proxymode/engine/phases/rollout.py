@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxymode.api.models import (
+    MAX_HISTORY,
     Analysis,
     AnalysisStatus,
     CheckResult,
+    HistoryEntry,
     MoveDirection,
     OnNoData,
     Phase,
@@ -84,6 +86,8 @@ def _bake(lk: Look, index: int) -> Phase | None:
     stage.phase = StagePhase.COMPLETED
     stage.completed_time = lk.now
     lk.event(EventReason.STAGE_COMPLETED, f"stage {stage.name} completed")
+    if verdict == GateVerdict.NO_DATA and not lk.force_promote:
+        _promoted_without_data(lk, stage)
     if index + 1 < len(lk.status.stages):
         lk.status.current_stage = index + 1
         lk.transition(
@@ -154,7 +158,7 @@ def _gate(lk: Look, stage: StageStatus) -> GateVerdict | None:
                 " resume when Prometheus answers",
             )
             return None
-        return GateVerdict.OPEN  # Continue: said loudly in the condition, never silently
+        return GateVerdict.NO_DATA  # Continue: open, and said out loud when it promotes
     return verdict
 
 
@@ -177,6 +181,27 @@ def _record_baseline(lk: Look, stage: StageStatus) -> None:
         lk.status.analysis = status
         if status.last_round_time is None or round_.time > status.last_round_time:
             status.last_round_time = round_.time
+
+
+def _promoted_without_data(lk: Look, stage: StageStatus) -> None:
+    """``onNoData: Continue`` promoted on no evidence: a Warning and a history entry say so
+    (issue 9 item 23), never a silent promotion."""
+    rounds = lk.status.analysis.consecutive_inconclusive if lk.status.analysis else 0
+    message = (
+        f"stage {stage.name} promoted without metric data: {rounds} rounds in a row had no"
+        " verdict (onNoData: Continue)"
+    )
+    lk.event(EventReason.PROMOTED_WITHOUT_DATA, message, warning=True)
+    lk.status.history.append(
+        HistoryEntry(
+            time=lk.now,
+            phase=lk.status.phase,
+            stage=stage.name,
+            reason=str(EventReason.PROMOTED_WITHOUT_DATA),
+            message=message,
+        )
+    )
+    lk.status.history = lk.status.history[-MAX_HISTORY:]
 
 
 def _report_round(
