@@ -667,6 +667,10 @@ class Sandbox:
         if chosen:
             return str(chosen)
         wanted = os.environ.get("PROXYMODE_SANDBOX_NODE_NET")
+        if wanted and not wanted.endswith("."):
+            # "127.0.44" means the /24 127.0.44.x; taken as is it made "127.0.441", which
+            # nothing serves: every kube-proxy scrape failed and every round had no data.
+            wanted += "."
         candidates = [wanted] if wanted else [f"127.0.{n}." for n in range(10, 60)]
         for prefix in candidates:
             if not self.config.prometheus or _port_free(f"{prefix}1", 10249):

@@ -83,6 +83,16 @@ def _bake(lk: Look, index: int) -> Phase | None:
             else f"stage {stage.name}: baked; waiting for passing analysis rounds"
         )
         return None
+    behind = moves.forward_todo(lk)
+    if index + 1 == len(lk.status.stages) and (behind or lk.status.moves):
+        # The end (and Finalize's rolling restart) only with every planned node on the
+        # target: one that lost its label is moved again first, with its cleanup (item 10).
+        shown = ", ".join(behind[:5]) or ", ".join(m.node for m in lk.status.moves[:5])
+        lk.status.message = (
+            f"stage {stage.name}: baked; waiting for {shown} to be on {lk.target_mode} again"
+        )
+        lk.soon(2)
+        return None
     stage.phase = StagePhase.COMPLETED
     stage.completed_time = lk.now
     lk.event(EventReason.STAGE_COMPLETED, f"stage {stage.name} completed")
