@@ -193,7 +193,7 @@ class Telemetry:
         self.registry.register(self._state)
         self.rounds = Counter(
             "proxymode_analysis_rounds",
-            "Analysis rounds run, by overall result (Pass, Fail, Inconclusive).",
+            "Analysis rounds the engine counted, by overall result (Pass, Fail, Inconclusive).",
             ["policy", "result"],
             registry=self.registry,
         )
@@ -232,7 +232,12 @@ class Telemetry:
         events: Iterable[EmitEvent],
     ) -> None:
         """Record one look at a policy: its new state and what happened during the look."""
-        if observed.analysis is not None:
+        counted = (after.analysis.rounds if after.analysis else 0) > (
+            before.analysis.rounds if before.analysis else 0
+        )
+        if observed.analysis is not None and counted:
+            # Only rounds the engine counted: one whose window reached back before the
+            # switch, or taken before the stage bakes, is measured but not counted (0015).
             self.rounds.labels(name, round_result(observed.analysis)).inc()
         if str(before.phase) != str(after.phase):
             self.transitions.labels(name, str(before.phase), str(after.phase)).inc()

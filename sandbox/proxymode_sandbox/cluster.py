@@ -932,7 +932,9 @@ def node_net_candidates(wanted: str) -> list[str]:
         return [f"127.0.{n}." for n in range(10, 60)]
     first, _, last = wanted.partition("-")
     if not last:
-        return [first]
+        # "127.0.44" means the /24 127.0.44.x; taken as is it made "127.0.441", which
+        # nothing serves: every kube-proxy scrape failed and every round had no data.
+        return [first if first.endswith(".") else f"{first}."]
     head, low = first.rstrip(".").rsplit(".", 1)
     high = last.rstrip(".").rsplit(".", 1)[1]
     return [f"{head}.{n}." for n in range(int(low), int(high) + 1)]

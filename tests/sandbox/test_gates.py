@@ -134,9 +134,7 @@ def test_prometheus_down_mid_stage_holds_then_resumes(
         sandbox.start_prometheus()
     status = policies.wait_phase(name, "Completed", "RolledBack", "Failed", timeout=300)
     assert status["phase"] == "Completed", status.get("message")
-    assert "DataReturned" in [h["reason"] for h in status["history"]] or any(
-        h["reason"] == "Resumed" for h in status["history"]
-    )
+    assert "DataReturned" in [h["reason"] for h in status["history"]]
 
 
 @pytest.mark.usefixtures("sampler")

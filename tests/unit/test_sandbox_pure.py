@@ -104,6 +104,7 @@ def test_a_sandbox_picks_a_node_network_nobody_serves(
 
 def test_node_networks_come_from_one_prefix_a_range_or_the_default() -> None:
     assert node_net_candidates("127.0.42.") == ["127.0.42."]
+    assert node_net_candidates("127.0.42") == ["127.0.42."]
     assert node_net_candidates("127.0.30.-127.0.33.") == [
         "127.0.30.",
         "127.0.31.",

@@ -37,6 +37,9 @@ SPEC = {
     ],
     "analysis": {
         "prometheus": {"url": "http://prometheus:9090"},
+        # Short: a round 10 s after the switch holds only the new proxy's samples and counts
+        # (decision 0015).
+        "windowSeconds": 10,
         "warmupSeconds": 0,
         "failureLimit": 2,
         "minPassingRounds": 1,

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from proxymode.analysis.judge import Sample, judge
 from proxymode.analysis.stats import mann_whitney_u
-from proxymode.analysis.templates import group_query, node_matcher, per_node_query
+from proxymode.analysis.templates import clipped_window, group_query, node_matcher, per_node_query
 
 __all__ = [
     "Sample",
+    "clipped_window",
     "group_query",
     "judge",
     "mann_whitney_u",

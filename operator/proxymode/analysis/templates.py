@@ -64,6 +64,7 @@ nothing in the group query (``by ()`` and a trailing comma are valid PromQL).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 
@@ -115,6 +116,17 @@ def node_matcher(nodes: Sequence[str], node_label: str) -> str:
     pattern = "^(?:" + "|".join(_escape_re2(n) for n in sorted(set(nodes))) + ")$"
     # JSON's escapes (\\, \", \n, \uXXXX) are all valid in a PromQL double-quoted string.
     return f"{node_label}=~{json.dumps(pattern, ensure_ascii=False)}"
+
+
+def clipped_window(window_seconds: int, since_switch: float | None) -> int:
+    """The range a canary query looks back over: ``window_seconds``, cut to the seconds since
+    the group's latest switch, so no sample of a node's old kube-proxy is in it (issue 9
+    item 27, decision 0015). Canaries slow on iptables and fast on nftables would otherwise
+    fail a 300 s window that still holds their iptables-era syncs. At least 1 s (a range
+    must be positive): a round that young reaches before the switch and is not counted."""
+    if since_switch is None:
+        return window_seconds
+    return max(1, min(window_seconds, math.floor(since_switch)))
 
 
 def group_query(check: Check, *, nodes: Sequence[str], node_label: str, window_seconds: int) -> str:

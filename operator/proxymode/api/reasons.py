@@ -99,6 +99,13 @@ class EventReason(StrEnum):
     COMPLETED = "Completed"
     FORBIDDEN = "Forbidden"
     """The operator may not read what the policy needs (RBAC); nothing was changed."""
+    BREACH_WHILE_PAUSED = "BreachWhilePaused"
+    """A moved kube-proxy restarts or stays not Ready while the policy is paused and
+    ``rollback.automatic`` is false: nothing is undone by itself, so it is said (Warning,
+    once per distinct finding; ``Degraded`` stays True while it lasts)."""
+    PROMOTED_WITHOUT_DATA = "PromotedWithoutData"
+    """``onNoData: Continue`` let a stage go on after ``inconclusiveLimit`` rounds without
+    data (Warning; in history too): the promotion rests on no evidence."""
 
 
 class ConditionReason(StrEnum):

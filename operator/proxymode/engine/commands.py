@@ -66,7 +66,9 @@ def promote_by_hand(look: Look) -> None:
     look.event(EventReason.PROMOTE_REQUESTED, f"stage {look.stage_name()} promoted by hand")
 
 
-def resume(look: Look) -> None:
+def resume(look: Look, reason: EventReason = EventReason.RESUMED, why: str = "") -> None:
+    """Resume in the phase the pause interrupted; ``reason``/``why`` say who resumed it
+    (``DataReturned`` after a NoData pause goes into history, not only an Event)."""
     if look.spec.paused:
         look.status.message = "cannot resume while spec.paused is true"
         return
@@ -79,7 +81,7 @@ def resume(look: Look) -> None:
     target = look.status.resume_phase or Phase.PROGRESSING
     look.status.paused_reason = None
     look.status.resume_phase = None
-    look.transition(target, EventReason.RESUMED, f"resumed in phase {target}")
+    look.transition(target, reason, f"{why}resumed in phase {target}")
 
 
 def retry(look: Look) -> None:

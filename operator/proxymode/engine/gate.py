@@ -3,7 +3,8 @@
 Three questions, each answered once, for the engine, the reconciler and the telemetry:
 
 - ``round_due``: is a round due now? While the current stage bakes (or a NoData pause
-  waits for data), every ``analysis.intervalSeconds``.
+  waits for data), and while moving as long as a check lacks its baseline value, every
+  ``analysis.intervalSeconds``.
 - ``groups``: which nodes form the canary (planned nodes on the target mode) and the
   baseline (planned nodes still on the source mode; none at the last stage, where the
   recorded ``status.baseline.metrics`` stand in).
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from proxymode.api.models import (
@@ -31,7 +32,7 @@ from proxymode.api.models import (
     Verdict,
 )
 from proxymode.api.reasons import PauseReason
-from proxymode.engine.observed import CheckOutcome, Observed
+from proxymode.engine.observed import AnalysisRound, CheckOutcome, Observed
 
 
 class GateVerdict(StrEnum):
@@ -62,25 +63,59 @@ def round_due(policy: ProxyModePolicy, now: datetime) -> bool:
     index = status.current_stage
     if index is None or not (0 <= index < len(status.stages)):
         return False
-    if status.stages[index].phase != StagePhase.BAKING:
+    if status.stages[index].phase != StagePhase.BAKING and not (
+        status.phase == Phase.PROGRESSING and baseline_missing(policy)
+    ):
         return False
     last = status.analysis.last_round_time if status.analysis else None
     return last is None or (now - last).total_seconds() >= analysis.interval_seconds
 
 
+def baseline_missing(policy: ProxyModePolicy) -> bool:
+    """A check still lacks its recorded baseline value (issue 9 item 12): a round is due
+    before the stage bakes too, to measure the source-mode nodes while some are left."""
+    analysis, baseline = policy.spec.analysis, policy.status.baseline
+    if analysis is None or baseline is None:
+        return False
+    return any(c.name not in baseline.metrics for c in analysis.checks)
+
+
 def groups(policy: ProxyModePolicy, observed: Observed) -> Groups:
-    """The canary (planned nodes on the target mode) and the baseline (still on the source)."""
+    """The canary (planned nodes on the target mode) and the baseline (still on the source).
+
+    A node mid-move is in neither (issue 9 item 27): its samples are the old proxy's, or
+    a target proxy not Ready yet."""
     mode = str(policy.spec.target_mode)
+    moving = {m.node for m in policy.status.moves}
     canary, baseline = [], []
     for name in (n for s in policy.status.stages for n in s.nodes):
         node = observed.node(name)
-        if node is None:
+        if node is None or name in moving:
             continue
         if node.mode_label == mode:
             canary.append(name)
         elif node.mode_label is None:
             baseline.append(name)
     return Groups(canary, baseline)
+
+
+def window_start(analysis: Analysis, round_: AnalysisRound) -> datetime:
+    """Where the round's canary window began: as the adapter clipped it, else a full window."""
+    if round_.window_start is not None:
+        return round_.window_start
+    return round_.time - timedelta(seconds=analysis.window_seconds)
+
+
+def window_after_switch(
+    analysis: Analysis, round_: AnalysisRound, last_switch: datetime | None
+) -> bool:
+    """No sample from before a canary's switch counts (issue 9 item 27, decision 0015): a
+    round counts only when its window starts at or after ``last_switch``, the moment the
+    stage's last node arrived on the target mode (``baked_since``). A 300 s window taken
+    60 s after it still holds 240 s of the old proxy's samples. Newcomers that arrive while
+    the stage bakes are left out of the canary group by the adapter until their own window
+    is clean (``kube.rounds``), so they do not hold the count back."""
+    return last_switch is None or window_start(analysis, round_) >= last_switch
 
 
 def round_verdict(outcomes: Iterable[CheckOutcome | Verdict | str]) -> Verdict:

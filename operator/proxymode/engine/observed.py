@@ -109,6 +109,9 @@ class AnalysisRound:
     baseline_values: Mapping[str, float] = field(default_factory=dict)
     """Each check's baseline-group value this round; the engine keeps the first ones seen,
     for the last stage, when no baseline group is left."""
+    window_start: datetime | None = None
+    """Where the canary queries' window began; None means ``time - windowSeconds``. The
+    adapter clips the window to the latest switch and says so here (decision 0015)."""
 
 
 @dataclass(frozen=True)

@@ -21,26 +21,67 @@ import math
 import os
 import tempfile
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import requests
 from kubernetes import client
 
-from proxymode.analysis import Sample, group_query, judge, node_matcher, per_node_query
+from proxymode.analysis import (
+    Sample,
+    clipped_window,
+    group_query,
+    judge,
+    node_matcher,
+    per_node_query,
+)
 from proxymode.api.models import Analysis, Check, ProxyModePolicy, SecretKeyRef
 from proxymode.engine import gate
 from proxymode.engine.gate import round_due
-from proxymode.engine.observed import AnalysisRound, CheckOutcome, Observed
+from proxymode.engine.observed import AnalysisRound, CheckOutcome, Observed, ProxyKind
 
 OPERATOR_NAMESPACE_ENV = "POD_NAMESPACE"
-__all__ = ["Prometheus", "groups", "measure", "round_due", "run_round"]
+__all__ = ["Prometheus", "groups", "measure", "round_due", "run_round", "settled_canary"]
 
 
 def groups(policy: ProxyModePolicy, observed: Observed) -> tuple[list[str], list[str]]:
     """(canary, baseline), as the pure gate forms them."""
     formed = gate.groups(policy, observed)
     return formed.canary, formed.baseline
+
+
+def _switch_floor(policy: ProxyModePolicy) -> datetime | None:
+    """When the current stage's last node arrived on the target mode (it began baking)."""
+    status = policy.status
+    index = status.current_stage
+    if index is None or not (0 <= index < len(status.stages)):
+        return None
+    return status.stages[index].baked_since
+
+
+def settled_canary(
+    canary: Sequence[str], observed: Observed, floor: datetime | None, window_seconds: int
+) -> list[str]:
+    """The canary without newcomers whose window still holds their old proxy's samples.
+
+    A node that joined the baking stage switched after ``floor`` (its target kube-proxy
+    pod is younger); it joins the group once a whole window has passed since, so the
+    window can stay clipped to ``floor`` alone (issue 9 items 19 and 27).
+    """
+    if floor is None:
+        return list(canary)
+    kept = []
+    for name in canary:
+        born = [p.created for p in observed.pods_on(name, ProxyKind.TARGET) if p.created]
+        switched = max(born) if born else None
+        fresh = (
+            switched is not None
+            and switched > floor
+            and (observed.now - switched).total_seconds() < window_seconds
+        )
+        if not fresh:
+            kept.append(name)
+    return kept
 
 
 class Prometheus:
@@ -124,13 +165,18 @@ def measure(
     canary: Sequence[str],
     baseline: Sequence[str],
     recorded_baseline: float | None,
+    canary_window: int | None = None,
 ) -> Sample:
-    """Query one check for both groups; any failure makes an Inconclusive sample, never a pass."""
+    """Query one check for both groups; any failure makes an Inconclusive sample, never a pass.
+
+    ``canary_window`` is the canary's range clipped to its latest switch (``clipped_window``);
+    the baseline group never switched, so it keeps the whole window."""
     label, window = analysis.prometheus.node_label, analysis.window_seconds
+    clipped = canary_window or window
     needs_baseline = check.max_ratio_to_baseline is not None or check.mann_whitney is not None
     try:
         canary_value = _single(
-            prom.values(group_query(check, nodes=canary, node_label=label, window_seconds=window))
+            prom.values(group_query(check, nodes=canary, node_label=label, window_seconds=clipped))
         )
         baseline_value = recorded_baseline
         if baseline and needs_baseline:
@@ -145,7 +191,7 @@ def measure(
             canary_nodes = tuple(
                 v
                 for _, v in prom.values(
-                    per_node_query(check, nodes=canary, node_label=label, window_seconds=window)
+                    per_node_query(check, nodes=canary, node_label=label, window_seconds=clipped)
                 )
             )
             baseline_nodes = tuple(
@@ -164,6 +210,20 @@ def measure(
         canary_size=len(canary),
         baseline_size=len(baseline),
     )
+
+
+def _baseline_only(
+    prom: Prometheus, check: Check, analysis: Analysis, baseline: Sequence[str]
+) -> float | None:
+    """The baseline group's value alone (no canary yet); None when Prometheus cannot say."""
+    label = analysis.prometheus.node_label
+    query = group_query(
+        check, nodes=baseline, node_label=label, window_seconds=analysis.window_seconds
+    )
+    try:
+        return _single(prom.values(query))
+    except Exception:  # recorded on a later round instead
+        return None
 
 
 COVERAGE_METRIC = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
@@ -187,6 +247,10 @@ def run_round(
     analysis = policy.spec.analysis
     assert analysis is not None
     canary, baseline = groups(policy, observed)
+    floor = _switch_floor(policy)
+    canary = settled_canary(canary, observed, floor, analysis.window_seconds)
+    since = (now - floor).total_seconds() if floor is not None else None
+    window = clipped_window(analysis.window_seconds, since)
     recorded = policy.status.baseline.metrics if policy.status.baseline else {}
     outcomes: list[CheckOutcome] = []
     baseline_values: dict[str, float] = {}
@@ -199,6 +263,10 @@ def run_round(
     for check in analysis.checks:
         if prom is None or not canary:
             sample = Sample(canary=None, error=setup_error or "no canary node runs the target mode")
+            if prom is not None and baseline:  # before the first move: the baseline still
+                value = _baseline_only(prom, check, analysis, baseline)  # counts (item 12)
+                if value is not None:
+                    baseline_values[check.name] = value
         elif silent:
             # A group value from the nodes that do report would hide the ones that do not.
             shown = ", ".join(silent[:5]) + (
@@ -217,8 +285,14 @@ def run_round(
                 canary=canary,
                 baseline=baseline,
                 recorded_baseline=recorded.get(check.name),
+                canary_window=window,
             )
             if baseline and sample.baseline is not None:
                 baseline_values[check.name] = sample.baseline
         outcomes.append(judge(check, sample))
-    return AnalysisRound(time=now, checks=tuple(outcomes), baseline_values=baseline_values)
+    return AnalysisRound(
+        time=now,
+        checks=tuple(outcomes),
+        baseline_values=baseline_values,
+        window_start=now - timedelta(seconds=window),
+    )

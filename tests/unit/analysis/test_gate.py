@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from proxymode.analysis.judge import Sample, judge
+from proxymode.analysis.templates import clipped_window
 from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.engine.actions import EmitEvent
 from proxymode.engine.machine import advance
@@ -69,8 +71,15 @@ def drive(
     assert analysis is not None
     for _ in range(limit):
         obs = sim.observe(generation=1)
-        sample = world(_baked_for(policy, obs.now))
-        round_ = AnalysisRound(obs.now, tuple(judge(c, sample) for c in analysis.checks))
+        baked = _baked_for(policy, obs.now)
+        sample = world(baked)
+        # As the adapter measures: the window clipped to the stage's switch (decision 0015).
+        window = clipped_window(analysis.window_seconds, baked)
+        round_ = AnalysisRound(
+            obs.now,
+            tuple(judge(c, sample) for c in analysis.checks),
+            window_start=obs.now - timedelta(seconds=window),
+        )
         decision = advance(policy, dataclasses.replace(obs, analysis=round_))
         sim.execute(decision.actions)
         if events is not None:

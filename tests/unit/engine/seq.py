@@ -34,6 +34,9 @@ THREE_STAGES: list[dict[str, Any]] = [
 ANALYSIS: dict[str, Any] = {
     "prometheus": {"url": "http://prometheus.invalid:9090"},
     "intervalSeconds": 10,
+    # Short, so a round taken 10 s after the latest switch holds only the new proxy's
+    # samples and counts (decision 0015); item 27's test sets a 300 s window itself.
+    "windowSeconds": 10,
     "warmupSeconds": 0,
     "failureLimit": 2,
     "inconclusiveLimit": 2,

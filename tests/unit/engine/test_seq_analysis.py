@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from proxymode.api.models import Phase
 from proxymode.engine.actions import EmitEvent
 from tests.unit.engine.seq import (
@@ -69,11 +67,6 @@ def _events_text(run: Run) -> str:
     ).lower()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 12: the baseline is recorded once; a check missing from the first"
-    " counted round stays without a baseline forever",
-)
 def test_a_baseline_missing_a_check_in_the_first_round_is_completed_later() -> None:
     """issue 9 item 12: the baseline metrics are retried until every check has one."""
     sim = Sim.cluster({"canary": 2, "general": 4})
@@ -88,10 +81,6 @@ def test_a_baseline_missing_a_check_in_the_first_round_is_completed_later() -> N
     assert set(run.policy.status.baseline.metrics) == {"sync-latency", "sync-failures"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 12: a single 100% stage never records a baseline",
-)
 def test_a_single_full_stage_records_its_baseline_before_the_first_move() -> None:
     """issue 9 item 12: the baseline is taken before the first move, while every node still
     runs the source mode (afterwards no baseline group is left)."""
@@ -105,10 +94,6 @@ def test_a_single_full_stage_records_its_baseline_before_the_first_move() -> Non
     assert run.policy.status.baseline.metrics == {"sync-latency": 0.4}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 19: rounds measured while a newcomer joins a baking stage are not counted",
-)
 def test_failing_rounds_count_while_a_newcomer_joins_a_baking_stage() -> None:
     """issue 9 item 19: failing rounds during a newcomer's move count (failureLimit 2):
     the stage rolls back without waiting for every newcomer to arrive."""
@@ -129,10 +114,6 @@ def test_failing_rounds_count_while_a_newcomer_joins_a_baking_stage() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 22: while paused with automatic: false, a breach is not reported",
-)
 def test_a_breach_while_paused_without_automatic_rollback_is_reported() -> None:
     """issue 9 item 22: canaries crash-looping during a pause (rollback.automatic false):
     Degraded=True and a Warning naming the node."""
@@ -157,10 +138,6 @@ def test_a_breach_while_paused_without_automatic_rollback_is_reported() -> None:
     assert condition(run.policy.status, "Degraded") == "True"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 23: onNoData: Continue promotes without saying so",
-)
 def test_on_no_data_continue_says_that_it_promoted_without_data() -> None:
     """issue 9 item 23: a promotion on onNoData: Continue is said in an Event and history."""
     sim = Sim.cluster({"canary": 2, "general": 2})
@@ -173,11 +150,6 @@ def test_on_no_data_continue_says_that_it_promoted_without_data() -> None:
     assert "no data" in text or "nodata" in text or "no metric data" in text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 27: failing rounds whose window reaches back before the switch"
-    " (iptables-era samples) roll the healthy migration back",
-)
 def test_rounds_whose_window_reaches_before_the_switch_do_not_count() -> None:
     """issue 9 item 27: no sample from before a node's switch counts toward the canary
     group: within windowSeconds of the last canary's switch, a round whose window starts
@@ -227,10 +199,6 @@ def test_a_passing_round_resets_the_no_data_count_and_a_failing_one_does_too() -
     assert run.policy.status.phase == Phase.ANALYZING, run.policy.status.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 (tests): DataReturned is an Event only; history says Resumed",
-)
 def test_data_returning_after_a_no_data_pause_is_recorded_in_history() -> None:
     """issue 9 (tests, test_gates.py:136): after a NoData pause, the data returns: the
     policy resumes and status.history records DataReturned."""
@@ -244,11 +212,6 @@ def test_data_returning_after_a_no_data_pause_is_recorded_in_history() -> None:
     assert "DataReturned" in history_reasons(run.policy.status)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 19: a round handed in while a newcomer joins a baking stage is not"
-    " recorded, so the adapter finds one due (queries Prometheus) on every look",
-)
 def test_a_round_during_a_newcomers_move_is_recorded_so_the_interval_holds() -> None:
     """issue 9 item 19 (query rate): every fresh round the engine is handed while the stage
     bakes, newcomer or not, is recorded (last round time), so the next one is due only

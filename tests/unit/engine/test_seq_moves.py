@@ -136,11 +136,6 @@ def test_deleting_the_source_daemon_set_while_the_cleanup_job_is_pending_never_r
     assert run.decisions[-1].release_finalizer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 10: a label lost late in the last bake: Finalize starts with the"
-    " node on the source, and its rolling restart switches it iptables->ipvs uncleaned",
-)
 def test_finalize_waits_until_every_planned_node_is_on_the_target() -> None:
     """issue 9 item 10: a planned node that lost its label is moved again (with its cleanup
     Job) before Finalizing; the final rolling restart never switches a node uncleaned."""

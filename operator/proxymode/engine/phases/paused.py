@@ -17,21 +17,26 @@ def look(lk: Look) -> Phase | None:
     if failure and lk.spec.rollback.automatic:
         lk.start_rollback(RollbackReason.KUBE_PROXY_UNHEALTHY, failure)
         return None
+    if failure:
+        # rollback.automatic is false: nothing undoes it, so it must be said (item 22).
+        lk.trouble = failure
+        if lk.status.message != failure:
+            lk.status.message = failure
+            lk.event(EventReason.BREACH_WHILE_PAUSED, failure, warning=True)
     if lk.force_promote and lk.status.resume_phase == Phase.ANALYZING:
         return _resume(lk)
     if lk.status.paused_reason == PauseReason.NO_DATA and data_returned(lk):
-        lk.event(EventReason.DATA_RETURNED, "the metric checks answer again; resuming")
-        return _resume(lk)
+        return _resume(lk, EventReason.DATA_RETURNED, "the metric checks answer again; ")
     lk.requeue = 2 if lk.status.moves else 30
     if lk.status.paused_reason == PauseReason.NO_DATA and lk.spec.analysis is not None:
         lk.soon(float(lk.spec.analysis.interval_seconds))
     return None
 
 
-def _resume(lk: Look) -> Phase | None:
+def _resume(lk: Look, reason: EventReason = EventReason.RESUMED, why: str = "") -> Phase | None:
     """Resume, and go on in the same look only if the resume took (``spec.paused`` refuses
     it; dispatching again while still Paused would come straight back here)."""
-    resume(lk)
+    resume(lk, reason, why)
     return None if lk.status.phase == Phase.PAUSED else lk.status.phase
 
 

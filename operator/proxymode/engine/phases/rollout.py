@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxymode.api.models import (
+    MAX_HISTORY,
     Analysis,
     AnalysisStatus,
     CheckResult,
+    HistoryEntry,
     MoveDirection,
     OnNoData,
     Phase,
@@ -31,6 +33,7 @@ def look(lk: Look) -> Phase | None:
     refresh_plan(lk)
     index = lk.status.current_stage or 0
     stage = lk.status.stages[index]
+    _record_baseline(lk, stage)
     if stage.phase == StagePhase.PENDING:
         start_stage(lk, index)
     failure = moves.drive(lk) or moves.health_failure(lk)
@@ -43,6 +46,9 @@ def look(lk: Look) -> Phase | None:
     ]
     stage.nodes_done = len(done)
     if len(done) < len(stage.nodes) or lk.status.moves:
+        # A newcomer joins a stage that bakes: its rounds still count (issue 9 item 19).
+        if stage.phase == StagePhase.BAKING and _gate(lk, stage) is None:
+            return None
         lk.transition(
             Phase.PROGRESSING,
             EventReason.STAGE_PROGRESSING,
@@ -77,9 +83,21 @@ def _bake(lk: Look, index: int) -> Phase | None:
             else f"stage {stage.name}: baked; waiting for passing analysis rounds"
         )
         return None
+    behind = moves.forward_todo(lk)
+    if index + 1 == len(lk.status.stages) and (behind or lk.status.moves):
+        # The end (and Finalize's rolling restart) only with every planned node on the
+        # target: one that lost its label is moved again first, with its cleanup (item 10).
+        shown = ", ".join(behind[:5]) or ", ".join(m.node for m in lk.status.moves[:5])
+        lk.status.message = (
+            f"stage {stage.name}: baked; waiting for {shown} to be on {lk.target_mode} again"
+        )
+        lk.soon(2)
+        return None
     stage.phase = StagePhase.COMPLETED
     stage.completed_time = lk.now
     lk.event(EventReason.STAGE_COMPLETED, f"stage {stage.name} completed")
+    if verdict == GateVerdict.NO_DATA and not lk.force_promote:
+        _promoted_without_data(lk, stage)
     if index + 1 < len(lk.status.stages):
         lk.status.current_stage = index + 1
         lk.transition(
@@ -117,14 +135,16 @@ def _gate(lk: Look, stage: StageStatus) -> GateVerdict | None:
             )
             for c in round_.checks
         ]
-        if (round_.time - warm_from).total_seconds() >= analysis.warmup_seconds:
+        warmed = (round_.time - warm_from).total_seconds() >= analysis.warmup_seconds
+        clear = gate.window_after_switch(analysis, round_, warm_from)
+        if warmed and not clear:
+            lk.status.message = (
+                f"stage {stage.name}: round not counted: its {analysis.window_seconds}s window"
+                " reaches back before the latest switch (old-proxy samples)"
+            )
+        if warmed and clear:
             gate.count_round(status, gate.round_verdict(round_.checks))
             _report_round(lk, status, round_.checks, analysis)
-            # Kept from the first counted round (past warm-up), for the last stage, when
-            # no node is left on the source mode to compare with.
-            baseline = lk.status.baseline
-            if baseline is not None and round_.baseline_values and not baseline.metrics:
-                baseline.metrics = dict(round_.baseline_values)
     verdict = gate.gate_verdict(analysis, status)
     if verdict == GateVerdict.FAILED:
         failing = [c.name for c in status.checks if c.verdict == Verdict.FAIL]
@@ -148,8 +168,50 @@ def _gate(lk: Look, stage: StageStatus) -> GateVerdict | None:
                 " resume when Prometheus answers",
             )
             return None
-        return GateVerdict.OPEN  # Continue: said loudly in the condition, never silently
+        return GateVerdict.NO_DATA  # Continue: open, and said out loud when it promotes
     return verdict
+
+
+def _record_baseline(lk: Look, stage: StageStatus) -> None:
+    """Keep each check's baseline-group value from the first round that measured it
+    (issue 9 item 12), for the last stage, when no node is left on the source mode.
+
+    Taken before the first move too (the adapter runs a round then while a value is
+    missing: a single 100 % stage has no baseline group afterwards), and retried on every
+    round until every check has one: one timed-out query must not leave a check without
+    a baseline forever. A round taken before the stage bakes is recorded as the last round
+    (so the adapter waits ``intervalSeconds`` for the next), never counted."""
+    round_, baseline, analysis = lk.obs.analysis, lk.status.baseline, lk.spec.analysis
+    if round_ is None or baseline is None or analysis is None:
+        return
+    for name, value in round_.baseline_values.items():
+        baseline.metrics.setdefault(name, value)
+    if stage.phase != StagePhase.BAKING:
+        status = lk.status.analysis or AnalysisStatus()
+        lk.status.analysis = status
+        if status.last_round_time is None or round_.time > status.last_round_time:
+            status.last_round_time = round_.time
+
+
+def _promoted_without_data(lk: Look, stage: StageStatus) -> None:
+    """``onNoData: Continue`` promoted on no evidence: a Warning and a history entry say so
+    (issue 9 item 23), never a silent promotion."""
+    rounds = lk.status.analysis.consecutive_inconclusive if lk.status.analysis else 0
+    message = (
+        f"stage {stage.name} promoted without metric data: {rounds} rounds in a row had no"
+        " verdict (onNoData: Continue)"
+    )
+    lk.event(EventReason.PROMOTED_WITHOUT_DATA, message, warning=True)
+    lk.status.history.append(
+        HistoryEntry(
+            time=lk.now,
+            phase=lk.status.phase,
+            stage=stage.name,
+            reason=str(EventReason.PROMOTED_WITHOUT_DATA),
+            message=message,
+        )
+    )
+    lk.status.history = lk.status.history[-MAX_HISTORY:]
 
 
 def _report_round(
