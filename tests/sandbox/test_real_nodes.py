@@ -257,7 +257,8 @@ def test_an_override_the_real_kube_proxy_rejects_crash_loops_the_canary_and_roll
         status = policies.wait_phase(name, "RolledBack", "Failed", "Completed", timeout=240)
         assert status["phase"] == "RolledBack", status.get("message")
         assert crashed == {"canary-1"}, crashed  # the canary, and only the canary
-        assert "canary-1" in status["rollbackReason"], status["rollbackReason"]
+        assert status["rollbackReason"] == "KubeProxyUnhealthy", status["rollbackReason"]
+        assert "canary-1" in status["rollbackMessage"], status["rollbackMessage"]
         _assert_iptables_everywhere(real)
     finally:
         policies.delete_all()
