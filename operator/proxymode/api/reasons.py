@@ -99,6 +99,11 @@ class EventReason(StrEnum):
     COMPLETED = "Completed"
     FORBIDDEN = "Forbidden"
     """The operator may not read what the policy needs (RBAC); nothing was changed."""
+    NODE_KERNEL_TOO_OLD = "NodeKernelTooOld"
+    """A node joined mid-rollout on a kernel the target mode cannot run: left out (Warning)."""
+    ACTION_IGNORED = "ActionIgnored"
+    """A one-shot ``abort``, ``resume`` or ``retry`` the phase cannot honour: refused out
+    loud (Warning) and removed, never remembered."""
 
 
 class ConditionReason(StrEnum):

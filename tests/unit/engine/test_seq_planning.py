@@ -42,10 +42,6 @@ def _max_stage_size(run: Run, index: int) -> int:
     return max(peak, len(run.policy.status.stages[index].nodes))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 1: the next look takes the canary nodes the cap left out as newcomers",
-)
 def test_stage_max_nodes_cap_holds_across_later_stages() -> None:
     """issue 9 item 1: {nodeSelector: pool=canary, maxNodes: 3} keeps 3 nodes to the end;
     the canary nodes the cap left out are not newcomers (none joined the cluster)."""
@@ -60,10 +56,6 @@ def test_stage_max_nodes_cap_holds_across_later_stages() -> None:
     assert len(nodes_labelled(sim, "nftables") & {f"canary-{i}" for i in range(1, 6)}) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 1: a {percent: 100, maxNodes: 2} stage grows past its cap",
-)
 def test_percent_stage_max_nodes_cap_holds() -> None:
     """issue 9 item 1: {percent: 100, maxNodes: 2} followed by more stages stays at 2 nodes."""
     sim = Sim.cluster({"canary": 2, "general": 4})
@@ -243,10 +235,6 @@ def test_a_node_labelled_before_the_policy_is_refused_or_handled() -> None:
         assert sim.nodes["general-3"].labels.get(MODE_LABEL) == "nftables"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 7: a node that joins mid-rollout skips the kernel check",
-)
 def test_a_node_joining_mid_rollout_on_an_old_kernel_is_not_moved_to_nftables() -> None:
     """issue 9 item 7: a newcomer on kernel 4.18 is held back like preflight holds the others."""
     sim = Sim.cluster({"canary": 2, "general": 3})
