@@ -207,11 +207,6 @@ def test_a_policy_created_while_another_is_in_flight_waits_and_names_it() -> Non
     assert first.name in (second.policy.status.message or "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 5: a node pre-labelled proxymode.io/mode gets two kube-proxies at"
-    " setup and loses its label at rollback",
-)
 def test_a_node_labelled_before_the_policy_is_refused_or_handled() -> None:
     """issue 9 item 5: a node already carrying proxymode.io/mode before the policy: preflight
     refuses naming it, or the run handles it (never two proxies; rollback keeps the label)."""

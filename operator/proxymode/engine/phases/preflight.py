@@ -10,6 +10,7 @@ from proxymode.engine.look import Look
 from proxymode.engine.objects import BACKUP_RUN
 from proxymode.engine.planner import plan_hash, plan_stages
 from proxymode.engine.preflight import run_preflight
+from proxymode.engine.preflight.codes import Code
 from proxymode.engine.setup import changed_anything
 from proxymode.engine.stages import eligible
 
@@ -33,6 +34,10 @@ def look(lk: Look) -> Phase | None:
     lk.status.started_time = lk.status.started_time or lk.now
     lk.transition(Phase.PREFLIGHT, EventReason.PREFLIGHT_STARTED, "checking the cluster")
     result = run_preflight(lk.spec, lk.obs)
+    if lk.obs.backup is not None:
+        # This run's snapshot exists: a status write after setup was lost, and any
+        # proxymode.io/mode label is this run's own move, not one set before the policy.
+        result = result.without(Code.NODES_ALREADY_LABELLED)
     lk.status.preflight = Preflight(
         passed=result.passed,
         checked_time=lk.now,
