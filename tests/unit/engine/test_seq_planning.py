@@ -92,11 +92,6 @@ MIXED_MODE_EDITS = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 2: a plan edit of a Completed mixed-mode policy never pauses;"
-    " a widened stage moves the whole new pool at once, ungated, under the old stage",
-)
 @pytest.mark.parametrize("edit", sorted(MIXED_MODE_EDITS))
 def test_editing_the_stages_of_a_completed_mixed_mode_policy_pauses_for_the_new_plan(
     edit: str,
@@ -246,10 +241,6 @@ def test_a_node_joining_mid_rollout_on_an_old_kernel_is_not_moved_to_nftables() 
     assert [p.owner for p in sim.proxies_on("general-old")] == ["kube-proxy"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 20: an empty first stage with analysis waits for data (NoData)",
-)
 def test_an_empty_first_stage_with_analysis_completes_at_once() -> None:
     """issue 9 item 20: a first stage that matches no node completes at once, as preflight
     says, even with analysis (there is nothing to measure): no pause, no rollback."""
@@ -266,10 +257,6 @@ def test_an_empty_first_stage_with_analysis_completes_at_once() -> None:
     assert run.policy.status.stages[0].phase == "Completed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 26: a promote during a PlanChanged pause adopts the new plan",
-)
 def test_promote_during_a_plan_changed_pause_does_not_adopt_the_new_plan() -> None:
     """issue 9 item 26: only resume adopts a changed plan; a promote while paused for
     PlanChanged is refused out loud (decision 0020)."""
@@ -290,11 +277,6 @@ def test_promote_during_a_plan_changed_pause_does_not_adopt_the_new_plan() -> No
     assert run.events("PromoteIgnored")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 26: a plan edit while paused in Finalizing re-migrates nodes already"
-    " handed back",
-)
 def test_a_plan_edit_while_paused_in_finalizing_never_remigrates_handed_back_nodes() -> None:
     """issue 9 item 26: nodes handed back to the source DaemonSet in Finalizing are never
     given a target label again by a plan edit made while paused there."""
