@@ -162,10 +162,6 @@ def _two_policies(sim: Sim) -> tuple[Run, Run]:
     return first, second
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 4: two policies created together both pass preflight and fight",
-)
 def test_two_policies_created_together_only_one_proceeds() -> None:
     """issue 9 item 4: of two policies created in the same moment, exactly one proceeds;
     the other waits or fails with a message naming the first; never two proxies on a node."""
@@ -191,8 +187,11 @@ def test_a_policy_created_while_another_is_in_flight_waits_and_names_it() -> Non
     """issue 9 item 4: once one policy is in flight, a second one (a rival in
     other_policies) never patches the source DaemonSet and says which policy holds it."""
     sim = Sim.cluster({"canary": 2, "general": 2})
-    first, second = _two_policies(sim)
+    first = Run(sim, make_policy(), check=False)
     first.until(lambda p: p.status.phase == Phase.ANALYZING)
+    # Created now, while the first is in flight (not before it: then the tie-break of
+    # policies created together would decide, by name).
+    second = Run(sim, make_policy(name="to-ipvs", uid="uid-2", targetMode="ipvs"), check=False)
     generation = sim.get("DaemonSet", "kube-proxy")["metadata"]["generation"]
     for _ in range(10):
         second.step(tick=False)
