@@ -106,6 +106,11 @@ class EventReason(StrEnum):
     PROMOTED_WITHOUT_DATA = "PromotedWithoutData"
     """``onNoData: Continue`` let a stage go on after ``inconclusiveLimit`` rounds without
     data (Warning; in history too): the promotion rests on no evidence."""
+    NODE_KERNEL_TOO_OLD = "NodeKernelTooOld"
+    """A node joined mid-rollout on a kernel the target mode cannot run: left out (Warning)."""
+    ACTION_IGNORED = "ActionIgnored"
+    """A one-shot ``abort``, ``resume`` or ``retry`` the phase cannot honour: refused out
+    loud (Warning) and removed, never remembered."""
 
 
 class ConditionReason(StrEnum):

@@ -36,12 +36,49 @@ def consume_action(look: Look) -> None:
         promote_by_hand(look)
     elif action == "retry" and phase in (Phase.FAILED, Phase.ROLLED_BACK):
         retry(look)
-    elif action not in ACTIONS:
+    elif action in ACTIONS:
+        _ignored(look, action, _why_not(look, action))
+    else:
         look.event(
             EventReason.UNKNOWN_ACTION,
             f"ignored proxymode.io/action={action!r}; use {', '.join(ACTIONS)}",
             warning=True,
         )
+
+
+def _why_not(look: Look, action: str) -> str:
+    """Why ``action`` means nothing in the current phase, and what would."""
+    st = look.status
+    if action == "resume":
+        return f"the phase is {st.phase}, not Paused: nothing waits for a resume"
+    if action == "retry":
+        return (
+            f"the phase is {st.phase}: a run is in flight; retry starts a new run only from"
+            " Failed or RolledBack (abort first to roll this one back)"
+        )
+    key = "mixed" if st.phase == Phase.COMPLETED and not st.finalized else str(st.phase)
+    return _ABORT_REFUSALS.get(key, f"the phase is {st.phase}: nothing has been changed yet")
+
+
+_ABORT_REFUSALS: dict[str, str] = {
+    Phase.ROLLING_BACK: "a rollback is already under way",
+    Phase.FAILED: "the phase is Failed: nothing is in flight to abort; use retry (it rolls back"
+    " what the failed run changed, then starts over) or delete the policy",
+    "mixed": "the policy is Completed in mixed mode: nothing is in flight to abort; delete"
+    " the policy to move every node back",
+    Phase.COMPLETED: "the policy is Completed and finalized: the target mode is the cluster's"
+    " mode now",
+}
+"""Why an ``abort`` is refused, by phase (``mixed``: a mixed-mode Completed)."""
+
+
+def _ignored(look: Look, action: str, why: str) -> None:
+    """A one-shot action the phase cannot honour: refused out loud, then removed."""
+    look.event(
+        EventReason.ACTION_IGNORED,
+        f"proxymode.io/action={action} ignored: {why}",
+        warning=True,
+    )
 
 
 def promote_by_hand(look: Look) -> None:
@@ -54,8 +91,13 @@ def promote_by_hand(look: Look) -> None:
     baking = st.phase == Phase.ANALYZING or (
         st.phase == Phase.PAUSED and st.resume_phase == Phase.ANALYZING
     )
-    if not baking or look.spec.paused:
+    plan_changed = st.paused_reason == PauseReason.PLAN_CHANGED
+    if not baking or look.spec.paused or plan_changed:
         why = "spec.paused is true" if look.spec.paused else f"the phase is {st.phase}"
+        if plan_changed:
+            # Promote means "this stage is good enough", not "I accept the new plan":
+            # only resume adopts it (decision 0020).
+            why = "the stage plan changed; resume adopts the new plan, abort rolls back"
         look.event(
             EventReason.PROMOTE_IGNORED,
             f"promote acts only while a stage bakes (Analyzing); ignored: {why}",
@@ -72,8 +114,14 @@ def resume(look: Look, reason: EventReason = EventReason.RESUMED, why: str = "")
     if look.spec.paused:
         look.status.message = "cannot resume while spec.paused is true"
         return
-    if look.status.paused_reason == PauseReason.PLAN_CHANGED:
+    if look.status.paused_reason == PauseReason.PLAN_CHANGED and (
+        look.status.resume_phase != Phase.FINALIZING
+    ):
         adopt_new_plan(look)
+    if look.status.paused_reason == PauseReason.ANALYSIS_FAILED and look.status.analysis:
+        # A person chose to go on past a failing gate: the stage needs failureLimit new
+        # failing rounds to breach again, not the very next one (decision 0020).
+        look.status.analysis.consecutive_failures = 0
     if look.status.paused_reason == PauseReason.NO_DATA and look.status.analysis is not None:
         # A person chose to go on: the no-data count starts again, or the very next
         # inconclusive round would pause once more.

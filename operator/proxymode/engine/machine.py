@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from proxymode.api.models import Phase, ProxyModePolicy
+from proxymode.api.models import Phase, PolicyStatus, ProxyModePolicy
 from proxymode.api.reasons import PauseReason
 from proxymode.engine.actions import Decision, EmitEvent
 from proxymode.engine.commands import consume_action
@@ -85,7 +85,7 @@ def _run(look: Look) -> None:
     if spec.paused and status.phase not in quiet:
         look.pause(PauseReason.SPEC, "spec.paused is true")
     if (
-        status.phase in PLAN_GUARDED
+        _plan_guarded(status)
         and status.plan_hash
         and plan_hash(spec) != status.plan_hash
         and status.paused_reason != PauseReason.PLAN_CHANGED
@@ -96,6 +96,20 @@ def _run(look: Look) -> None:
             " on with the new plan, or abort to roll back",
         )
     _chain(look, look.status.phase)
+
+
+def _plan_guarded(status: PolicyStatus) -> bool:
+    """Whether a plan edit pauses the run (PlanChanged) before anything else moves.
+
+    In flight, and in a mixed-mode Completed (which still moves newcomers: an edit that
+    extends it runs stage by stage after resume, decision 0020). Not in Finalizing, nor
+    paused there: nodes handed back to the source stay there, whatever the stages say.
+    """
+    if status.phase == Phase.PAUSED:
+        return status.resume_phase != Phase.FINALIZING
+    if status.phase == Phase.COMPLETED:
+        return status.finalized is False
+    return status.phase in PLAN_GUARDED
 
 
 def _chain(look: Look, phase: Phase | None) -> None:

@@ -87,6 +87,10 @@ class ClusterFacts:
     static_kube_proxy_pods: tuple[str, ...] = ()
     other_policies: tuple[str, ...] = ()
     """Other in-flight policies that drive the same source DaemonSet."""
+    pending_policies: tuple[tuple[str, str], ...] = ()
+    """Other policies on the same source DaemonSet that have not started yet (Pending, not
+    paused), as ``(creationTimestamp, name)``: the tie-break between policies created
+    together (the earliest, then the smallest name, goes first; both looks agree)."""
 
 
 @dataclass(frozen=True)

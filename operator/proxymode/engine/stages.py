@@ -7,11 +7,20 @@ edit is adopted on resume without forgetting what already moved.
 
 from __future__ import annotations
 
-from proxymode.api.models import AnalysisStatus, Phase, Preflight, Severity, StagePhase, StageStatus
+from proxymode.api.models import (
+    AnalysisStatus,
+    Phase,
+    Preflight,
+    Severity,
+    Stage,
+    StagePhase,
+    StageStatus,
+)
 from proxymode.api.reasons import EventReason
 from proxymode.engine.look import Look
 from proxymode.engine.planner import PlanNode, plan_hash, plan_stages, selector_matches
 from proxymode.engine.preflight import KERNEL_TOO_OLD, eligible_nodes
+from proxymode.kubeproxy import kernel_supports
 
 
 def excluded(preflight: Preflight | None) -> set[str]:
@@ -33,6 +42,8 @@ def excluded(preflight: Preflight | None) -> set[str]:
 
 
 def eligible(look: Look) -> list[PlanNode]:
+    """The nodes the plan may use: preflight's eligible nodes, minus those it left out and
+    any node (a newcomer preflight never saw) whose kernel cannot run the target mode."""
     source = look.obs.source_daemon_set
     if source is None:
         return []
@@ -40,15 +51,42 @@ def eligible(look: Look) -> list[PlanNode]:
     return [
         PlanNode(n.name, n.labels, n.zone)
         for n in eligible_nodes(look.spec, source, look.obs.nodes)
-        if n.name not in left_out
+        if n.name not in left_out and kernel_supports(look.target_mode, n.kernel) is not False
     ]
 
 
+def _leave_out_old_kernels(look: Look) -> None:
+    """A node that joined on a kernel the target mode cannot run is left out, as preflight
+    leaves such nodes out: recorded in ``excludedNodes`` (said once) with a Warning."""
+    source = look.obs.source_daemon_set
+    preflight = look.status.preflight
+    if source is None or preflight is None:
+        return
+    left_out = excluded(preflight)
+    for n in eligible_nodes(look.spec, source, look.obs.nodes):
+        if n.name in left_out or kernel_supports(look.target_mode, n.kernel) is not False:
+            continue
+        left_out.add(n.name)
+        preflight.excluded_nodes = sorted(left_out)
+        look.event(
+            EventReason.NODE_KERNEL_TOO_OLD,
+            f"node {n.name} joined, but its kernel {n.kernel} cannot run {look.target_mode}"
+            f" mode: it is left out and keeps the current mode",
+            warning=True,
+        )
+
+
 def refresh_plan(look: Look) -> None:
-    """Drop deleted nodes; let started selector (or 100%) stages take newcomers."""
+    """Drop deleted nodes; let started, uncapped selector (or 100%) stages take newcomers.
+
+    A stage whose ``maxNodes`` (or a percent below 100) left matching nodes out at its start
+    takes nobody later: those nodes did not join the cluster, the cap left them out on
+    purpose. A newcomer gets the kernel check preflight gave the others.
+    """
     present = {n.name for n in look.obs.nodes}
     for stage in look.status.stages:
         stage.nodes = [n for n in stage.nodes if n in present]
+    _leave_out_old_kernels(look)
     planned = set(look.planned())
     for node in eligible(look):
         if node.name in planned:
@@ -56,12 +94,22 @@ def refresh_plan(look: Look) -> None:
         for spec_stage, stage in zip(look.spec.stages, look.status.stages, strict=False):
             if stage.phase == StagePhase.PENDING:
                 break
-            takes = spec_stage.node_selector is not None or spec_stage.percent == 100
-            if takes and selector_matches(spec_stage.node_selector, node.labels):
+            if not _takes_newcomers(spec_stage, stage):
+                continue
+            if selector_matches(spec_stage.node_selector, node.labels):
                 stage.nodes.append(node.name)
                 planned.add(node.name)
                 look.event(EventReason.NODE_JOINED, f"node {node.name} joined stage {stage.name}")
                 break
+
+
+def _takes_newcomers(spec_stage: Stage, stage: StageStatus) -> bool:
+    """A selector (or 100 %) stage with room under its ``maxNodes`` takes nodes that join."""
+    if spec_stage.node_selector is None and spec_stage.percent != 100:
+        return False
+    if spec_stage.percent is not None and spec_stage.percent != 100:
+        return False
+    return spec_stage.max_nodes is None or len(stage.nodes) < spec_stage.max_nodes
 
 
 def _fixed(stages: list[StageStatus]) -> dict[int, list[str]]:

@@ -229,7 +229,29 @@ class Observer:
             cni=", ".join(cni) if cni else None,
             static_kube_proxy_pods=tuple(static),
             other_policies=tuple(self._rivals(policy)),
+            pending_policies=tuple(self._pending(policy)),
         )
+
+    def _pending(self, policy: ProxyModePolicy) -> list[tuple[str, str]]:
+        """Other policies on the same source DaemonSet not started yet, for the tie-break."""
+        mine = str(policy.metadata.get("name", ""))
+        data = _raw(
+            self.custom.list_cluster_custom_object, models.GROUP, models.VERSION, models.PLURAL
+        )
+        out = []
+        for item in (data or {}).get("items", []):
+            meta = item.get("metadata") or {}
+            spec = item.get("spec") or {}
+            ref = spec.get("kubeProxy") or {}
+            same = (ref.get("namespace", "kube-system"), ref.get("daemonSet", "kube-proxy")) == (
+                policy.spec.kube_proxy.namespace,
+                policy.spec.kube_proxy.daemon_set,
+            )
+            phase = (item.get("status") or {}).get("phase") or Phase.PENDING
+            waiting = phase == Phase.PENDING and not spec.get("paused")
+            if meta.get("name") != mine and same and waiting and not meta.get("deletionTimestamp"):
+                out.append((str(meta.get("creationTimestamp") or ""), str(meta["name"])))
+        return out
 
     def _rivals(self, policy: ProxyModePolicy) -> list[str]:
         """Other policies that drive the same source DaemonSet and have not finished."""

@@ -283,6 +283,17 @@ class Sim:
                 out.append(name)
         return tuple(out)
 
+    def pending_rivals(self, mine: str) -> tuple[tuple[str, str], ...]:
+        """What the adapter reports for the tie-break: other policies not started yet."""
+        out = []
+        for name, wire in sorted(self.policies.items()):
+            phase = (wire.get("status") or {}).get("phase") or "Pending"
+            paused = (wire.get("spec") or {}).get("paused")
+            if name != mine and phase == "Pending" and not paused:
+                created = (wire.get("metadata") or {}).get("creationTimestamp") or ""
+                out.append((str(created), name))
+        return tuple(out)
+
     def analysis_round(self) -> AnalysisRound | None:
         """A fresh round every ``round_every`` seconds while ``verdict`` is set."""
         if self.verdict is None:
@@ -369,6 +380,7 @@ class Sim:
                 services=10,
                 endpoint_slices=12,
                 other_policies=self.rivals(policy),
+                pending_policies=self.pending_rivals(policy),
             ),
             analysis=self.analysis_round(),
             action=self.action,

@@ -42,11 +42,6 @@ def _warned_about(run: Run, since: int, action: str) -> list[EmitEvent]:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 8: resume after a failed-analysis pause breaches again before any"
-    " new round",
-)
 def test_resume_after_a_failed_analysis_pause_waits_for_new_rounds() -> None:
     """issue 9 item 8 (rollback.automatic false): resume starts the failure count over;
     with passing rounds from then on, the stage promotes (decision 0020)."""
@@ -60,10 +55,6 @@ def test_resume_after_a_failed_analysis_pause_waits_for_new_rounds() -> None:
     assert run.policy.status.current_stage == 1, run.policy.status.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 8: promote during a failed-analysis pause is accepted, then swallowed",
-)
 def test_promote_during_a_failed_analysis_pause_promotes_the_stage() -> None:
     """issue 9 item 8: a person's promote overrides the failing gate of the stage (decision
     0020): the next stage starts."""
@@ -89,10 +80,6 @@ def _mixed_mode(sim: Sim) -> Run:
     return run
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 21: abort is consumed silently in Failed",
-)
 def test_abort_in_failed_is_honoured_or_refused_out_loud() -> None:
     """issue 9 item 21: abort in Failed rolls back or posts a Warning saying why not."""
     sim = Sim.cluster({"canary": 1, "general": 1})
@@ -104,10 +91,6 @@ def test_abort_in_failed_is_honoured_or_refused_out_loud() -> None:
     assert rolled or _warned_about(run, since, "abort")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 21: abort is consumed silently in mixed-mode Completed",
-)
 def test_abort_in_mixed_mode_completed_is_honoured_or_refused_out_loud() -> None:
     """issue 9 item 21: abort of a mixed-mode Completed policy rolls back or posts a
     Warning saying why not (preflight advises it)."""
@@ -149,27 +132,9 @@ SETUPS: dict[str, Callable[[Sim], Run]] = {
 @pytest.mark.parametrize(
     ("where", "action"),
     [
-        pytest.param(
-            "analyzing",
-            "resume",
-            marks=pytest.mark.xfail(
-                strict=True, reason="issue 9 item 21: resume while not paused is silent"
-            ),
-        ),
-        pytest.param(
-            "progressing",
-            "retry",
-            marks=pytest.mark.xfail(
-                strict=True, reason="issue 9 item 21: retry while in flight is silent"
-            ),
-        ),
-        pytest.param(
-            "completed",
-            "abort",
-            marks=pytest.mark.xfail(
-                strict=True, reason="issue 9 item 21: abort of a finalized policy is silent"
-            ),
-        ),
+        ("analyzing", "resume"),
+        ("progressing", "retry"),
+        ("completed", "abort"),
         ("progressing", "promote"),
     ],
 )

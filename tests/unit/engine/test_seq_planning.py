@@ -42,10 +42,6 @@ def _max_stage_size(run: Run, index: int) -> int:
     return max(peak, len(run.policy.status.stages[index].nodes))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 1: the next look takes the canary nodes the cap left out as newcomers",
-)
 def test_stage_max_nodes_cap_holds_across_later_stages() -> None:
     """issue 9 item 1: {nodeSelector: pool=canary, maxNodes: 3} keeps 3 nodes to the end;
     the canary nodes the cap left out are not newcomers (none joined the cluster)."""
@@ -60,10 +56,6 @@ def test_stage_max_nodes_cap_holds_across_later_stages() -> None:
     assert len(nodes_labelled(sim, "nftables") & {f"canary-{i}" for i in range(1, 6)}) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 1: a {percent: 100, maxNodes: 2} stage grows past its cap",
-)
 def test_percent_stage_max_nodes_cap_holds() -> None:
     """issue 9 item 1: {percent: 100, maxNodes: 2} followed by more stages stays at 2 nodes."""
     sim = Sim.cluster({"canary": 2, "general": 4})
@@ -100,11 +92,6 @@ MIXED_MODE_EDITS = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 2: a plan edit of a Completed mixed-mode policy never pauses;"
-    " a widened stage moves the whole new pool at once, ungated, under the old stage",
-)
 @pytest.mark.parametrize("edit", sorted(MIXED_MODE_EDITS))
 def test_editing_the_stages_of_a_completed_mixed_mode_policy_pauses_for_the_new_plan(
     edit: str,
@@ -175,10 +162,6 @@ def _two_policies(sim: Sim) -> tuple[Run, Run]:
     return first, second
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 4: two policies created together both pass preflight and fight",
-)
 def test_two_policies_created_together_only_one_proceeds() -> None:
     """issue 9 item 4: of two policies created in the same moment, exactly one proceeds;
     the other waits or fails with a message naming the first; never two proxies on a node."""
@@ -204,8 +187,11 @@ def test_a_policy_created_while_another_is_in_flight_waits_and_names_it() -> Non
     """issue 9 item 4: once one policy is in flight, a second one (a rival in
     other_policies) never patches the source DaemonSet and says which policy holds it."""
     sim = Sim.cluster({"canary": 2, "general": 2})
-    first, second = _two_policies(sim)
+    first = Run(sim, make_policy(), check=False)
     first.until(lambda p: p.status.phase == Phase.ANALYZING)
+    # Created now, while the first is in flight (not before it: then the tie-break of
+    # policies created together would decide, by name).
+    second = Run(sim, make_policy(name="to-ipvs", uid="uid-2", targetMode="ipvs"), check=False)
     generation = sim.get("DaemonSet", "kube-proxy")["metadata"]["generation"]
     for _ in range(10):
         second.step(tick=False)
@@ -215,11 +201,6 @@ def test_a_policy_created_while_another_is_in_flight_waits_and_names_it() -> Non
     assert first.name in (second.policy.status.message or "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 5: a node pre-labelled proxymode.io/mode gets two kube-proxies at"
-    " setup and loses its label at rollback",
-)
 def test_a_node_labelled_before_the_policy_is_refused_or_handled() -> None:
     """issue 9 item 5: a node already carrying proxymode.io/mode before the policy: preflight
     refuses naming it, or the run handles it (never two proxies; rollback keeps the label)."""
@@ -243,10 +224,6 @@ def test_a_node_labelled_before_the_policy_is_refused_or_handled() -> None:
         assert sim.nodes["general-3"].labels.get(MODE_LABEL) == "nftables"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 7: a node that joins mid-rollout skips the kernel check",
-)
 def test_a_node_joining_mid_rollout_on_an_old_kernel_is_not_moved_to_nftables() -> None:
     """issue 9 item 7: a newcomer on kernel 4.18 is held back like preflight holds the others."""
     sim = Sim.cluster({"canary": 2, "general": 3})
@@ -263,10 +240,6 @@ def test_a_node_joining_mid_rollout_on_an_old_kernel_is_not_moved_to_nftables() 
     assert [p.owner for p in sim.proxies_on("general-old")] == ["kube-proxy"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 20: an empty first stage with analysis waits for data (NoData)",
-)
 def test_an_empty_first_stage_with_analysis_completes_at_once() -> None:
     """issue 9 item 20: a first stage that matches no node completes at once, as preflight
     says, even with analysis (there is nothing to measure): no pause, no rollback."""
@@ -283,10 +256,6 @@ def test_an_empty_first_stage_with_analysis_completes_at_once() -> None:
     assert run.policy.status.stages[0].phase == "Completed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 26: a promote during a PlanChanged pause adopts the new plan",
-)
 def test_promote_during_a_plan_changed_pause_does_not_adopt_the_new_plan() -> None:
     """issue 9 item 26: only resume adopts a changed plan; a promote while paused for
     PlanChanged is refused out loud (decision 0020)."""
@@ -307,11 +276,6 @@ def test_promote_during_a_plan_changed_pause_does_not_adopt_the_new_plan() -> No
     assert run.events("PromoteIgnored")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 26: a plan edit while paused in Finalizing re-migrates nodes already"
-    " handed back",
-)
 def test_a_plan_edit_while_paused_in_finalizing_never_remigrates_handed_back_nodes() -> None:
     """issue 9 item 26: nodes handed back to the source DaemonSet in Finalizing are never
     given a target label again by a plan edit made while paused there."""

@@ -10,6 +10,7 @@ from proxymode.engine.look import Look
 from proxymode.engine.objects import BACKUP_RUN
 from proxymode.engine.planner import plan_hash, plan_stages
 from proxymode.engine.preflight import run_preflight
+from proxymode.engine.preflight.codes import Code
 from proxymode.engine.setup import changed_anything
 from proxymode.engine.stages import eligible
 
@@ -30,9 +31,24 @@ def look(lk: Look) -> Phase | None:
         lk.actions.append(DeleteObject("v1", "ConfigMap", ns, name))
         lk.requeue = 1
         return None
+    ahead = _ahead_of_me(lk)
+    if ahead:
+        # Created together with another policy on the same kube-proxy: one goes first,
+        # decided the same way in both looks (creation time, then name); this one waits,
+        # changing nothing, and then meets the first as AnotherPolicyInFlight.
+        lk.status.message = (
+            f"waiting: ProxyModePolicy {ahead} drives the same kube-proxy DaemonSet and was"
+            " created first; only one policy may migrate it at a time"
+        )
+        lk.requeue = 10
+        return None
     lk.status.started_time = lk.status.started_time or lk.now
     lk.transition(Phase.PREFLIGHT, EventReason.PREFLIGHT_STARTED, "checking the cluster")
     result = run_preflight(lk.spec, lk.obs)
+    if lk.obs.backup is not None:
+        # This run's snapshot exists: a status write after setup was lost, and any
+        # proxymode.io/mode label is this run's own move, not one set before the policy.
+        result = result.without(Code.NODES_ALREADY_LABELLED)
     lk.status.preflight = Preflight(
         passed=result.passed,
         checked_time=lk.now,
@@ -60,3 +76,10 @@ def look(lk: Look) -> Phase | None:
         f" {result.source_mode} to {lk.spec.target_mode} in {len(plan)} stages",
     )
     return Phase.PROGRESSING
+
+
+def _ahead_of_me(lk: Look) -> str | None:
+    """The name of a not-yet-started rival that goes first, if any (earliest, then name)."""
+    mine = (str(lk.policy.metadata.get("creationTimestamp") or ""), lk.name)
+    earlier = sorted(p for p in lk.obs.facts.pending_policies if p < mine)
+    return earlier[0][1] if earlier else None

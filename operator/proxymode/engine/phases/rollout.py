@@ -71,10 +71,15 @@ def _bake(lk: Look, index: int) -> Phase | None:
     stage = lk.status.stages[index]
     spec_stage = lk.spec.stages[index]
     baked = (lk.now - (stage.baked_since or lk.now)).total_seconds()
-    verdict = _gate(lk, stage)
+    # A person's promote overrides the gate (decision 0020), even a failing one. A stage
+    # that holds no node while no node runs the target mode yet (an empty first stage) has
+    # nothing to bake or measure: it completes at once (as preflight's StageSelectsNothing
+    # says), never waiting for data that cannot come.
+    empty = not stage.nodes and not any(lk.at_target(n) for n in lk.planned())
+    verdict = GateVerdict.OPEN if lk.force_promote or empty else _gate(lk, stage)
     if verdict is None:
         return None  # breached: already acted on
-    remaining = spec_stage.bake_seconds - baked
+    remaining = 0.0 if empty else spec_stage.bake_seconds - baked
     if not lk.force_promote and (remaining > 0 or verdict == GateVerdict.WAIT):
         lk.soon(max(1.0, remaining) if remaining > 0 else 5.0)
         lk.status.message = (

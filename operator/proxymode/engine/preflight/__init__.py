@@ -26,6 +26,7 @@ Nodes              NoEligibleNodes (Error); StageSelectsNothing, NodesNotReady (
                    PartialCoverage (Info)
 GitOps             ManagedByGitOps (Warning): Helm or Argo CD marks on the source objects
 OtherPolicies      AnotherPolicyInFlight (Error)
+Labels             NodesAlreadyLabelled (Error): proxymode.io/mode set before the policy
 =================  =========================================================================
 
 Facts from ``reference/kube-proxy.md``: the target mode must exist in the running kube-proxy
@@ -36,14 +37,14 @@ finding says which objects it is about and what a person should do.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Final
 
 from proxymode.api.models import Baseline, Finding, PolicySpec, Severity
 from proxymode.engine.observed import NodeView, Observed
 from proxymode.engine.preflight.codes import Code
-from proxymode.engine.preflight.conflicts import gitops, other_policies
+from proxymode.engine.preflight.conflicts import gitops, labelled_nodes, other_policies
 from proxymode.engine.preflight.nodes import eligible_nodes, node_findings, split_kernels
 from proxymode.engine.preflight.source import (
     config_map_use,
@@ -95,6 +96,12 @@ class PreflightResult:
     """The target KubeProxyConfiguration, when it could be derived."""
     baseline: Baseline
     """The inventory for ``status.baseline`` (metrics are added later, from Prometheus)."""
+
+    def without(self, code: str) -> PreflightResult:
+        """The result with the findings of ``code`` dropped (and ``passed`` re-judged)."""
+        kept = tuple(f for f in self.findings if f.code != code)
+        passed = not any(f.severity == Severity.ERROR for f in kept)
+        return replace(self, findings=kept, passed=passed)
 
 
 class Facts:
@@ -179,6 +186,10 @@ def check_other_policies(facts: Facts) -> list[Finding]:
     return other_policies(facts.spec, facts.observed.facts.other_policies)
 
 
+def check_labels(facts: Facts) -> list[Finding]:
+    return labelled_nodes(facts.observed.nodes)
+
+
 Check = Callable[[Facts], list[Finding]]
 CHAIN: Final[tuple[tuple[str, Check], ...]] = (
     ("SourceDaemonSet", check_source_daemon_set),
@@ -188,6 +199,7 @@ CHAIN: Final[tuple[tuple[str, Check], ...]] = (
     ("Nodes", check_nodes),
     ("GitOps", check_gitops),
     ("OtherPolicies", check_other_policies),
+    ("Labels", check_labels),
 )
 
 

@@ -36,3 +36,4 @@ class Code(StrEnum):
     # conflicts
     MANAGED_BY_GITOPS = "ManagedByGitOps"
     ANOTHER_POLICY_IN_FLIGHT = "AnotherPolicyInFlight"
+    NODES_ALREADY_LABELLED = "NodesAlreadyLabelled"

@@ -6,9 +6,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from proxymode.api.models import Finding, PolicySpec, Severity
-from proxymode.engine.observed import MANAGED_BY
+from proxymode.engine.observed import MANAGED_BY, MODE_LABEL, NodeView
 from proxymode.engine.preflight.codes import Code
-from proxymode.engine.preflight.text import carrying, get_mapping, get_str, new_finding
+from proxymode.engine.preflight.text import (
+    carrying,
+    get_mapping,
+    get_str,
+    name_list,
+    new_finding,
+    plural,
+)
 
 HELM_MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 HELM_RELEASE_ANNOTATION: Final = "meta.helm.sh/release-name"
@@ -92,5 +99,32 @@ def other_policies(spec: PolicySpec, others: Sequence[str]) -> list[Finding]:
             f"Another ProxyModePolicy is already driving DaemonSet {ref.namespace}/"
             f"{ref.daemon_set}: {', '.join(sorted(others))}. Only one policy may migrate a "
             f"kube-proxy at a time; wait for it to finish or delete it (deleting rolls it back).",
+        )
+    ]
+
+
+def labelled_nodes(nodes: Sequence[NodeView]) -> list[Finding]:
+    """Nodes that carry ``proxymode.io/mode`` before the policy changed anything.
+
+    The label is how the operator moves a node: the target DaemonSet would start on such a
+    node at setup, next to the source kube-proxy (two proxies), and a rollback that removes
+    the operator's labels would remove this one too. So preflight refuses and names them.
+    """
+    labelled = [n for n in nodes if n.mode_label is not None]
+    if not labelled:
+        return []
+    verb = "carries" if len(labelled) == 1 else "carry"
+    listed = name_list([f"{n.name} ({MODE_LABEL}={n.mode_label})" for n in labelled])
+    return [
+        new_finding(
+            Severity.ERROR,
+            Code.NODES_ALREADY_LABELLED,
+            f"{plural(len(labelled), 'node')} already {verb}"
+            f" the label {MODE_LABEL}, which "
+            f"the operator uses to move nodes between kube-proxies: {listed}. The target "
+            f"DaemonSet would start there next to the current kube-proxy. Remove the label "
+            f"(kubectl label node NAME {MODE_LABEL}-), or finish or delete the policy that "
+            f"set it, then retry.",
+            [n.name for n in labelled],
         )
     ]
