@@ -71,3 +71,26 @@ def test_an_api_server_that_does_not_answer(
 def test_a_prometheus_url_that_does_not_parse() -> None:
     with pytest.raises(ClientError, match="did not answer"):
         Prometheus("http://[::1").instant("up")
+
+
+GOOD_SPEC = "spec: {targetMode: nftables, stages: [{name: all, percent: 100}]}\n"
+
+
+def test_plan_refuses_an_apiversion_the_server_does_not_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "policy.yaml"
+    head = "apiVersion: proxymode.io/v1beta9\nkind: ProxyModePolicy\nmetadata: {name: x}\n"
+    f.write_text(head + GOOD_SPEC)
+    assert main(["plan", "-f", str(f)]) == 1
+    assert "v1beta9" in _one_error_line(capsys)
+
+
+def test_plan_refuses_two_policies_rather_than_planning_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one = "apiVersion: proxymode.io/v1alpha1\nkind: ProxyModePolicy\nmetadata: {name: %s}\n"
+    f = tmp_path / "policy.yaml"
+    f.write_text(one % "a" + GOOD_SPEC + "---\n" + one % "b" + GOOD_SPEC)
+    assert main(["plan", "-f", str(f)]) == 1
+    assert "plan takes one" in _one_error_line(capsys)

@@ -48,7 +48,14 @@ def load_policy(path: str) -> ProxyModePolicy:
     found = [d for d in docs if d.get("kind") == models.KIND]
     if not found:
         raise ClientError(f"{path}: no {models.KIND} in the file")
+    if len(found) > 1:
+        raise ClientError(f"{path}: {len(found)} {models.KIND}s in the file; plan takes one")
     doc = found[0]
+    api_version = f"{models.GROUP}/{models.VERSION}"
+    if doc.get("apiVersion") != api_version:
+        raise ClientError(
+            f"{path}: apiVersion {doc.get('apiVersion')!r} is not served; use {api_version}"
+        )
     doc.pop("status", None)  # plan as a new run, whatever the file carries
     try:
         return ProxyModePolicy.model_validate(doc)
