@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -62,6 +63,9 @@ class Cluster:
             )
         except (config.ConfigException, OSError) as e:
             raise ClientError(f"cannot load the kubeconfig: {e}") from e
+        except yaml.YAMLError as e:
+            problem = " ".join(str(e).split())
+            raise ClientError(f"cannot load the kubeconfig: not YAML: {problem}") from e
         self.core = client.CoreV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
@@ -188,10 +192,10 @@ class Prometheus:
 
     def _post(self, path: str, form: dict[str, str]) -> Any:
         body = urllib.parse.urlencode(form).encode()
-        request = urllib.request.Request(  # noqa: S310 - the URL's scheme is checked above
-            f"{self.url}{path}", data=body, method="POST"
-        )
         try:
+            request = urllib.request.Request(  # noqa: S310 - the URL's scheme is checked above
+                f"{self.url}{path}", data=body, method="POST"
+            )
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
                 payload = json.loads(response.read())
         except (urllib.error.URLError, OSError, ValueError) as e:

@@ -11,8 +11,12 @@ refused, no such policy, bad input), 2 bad usage, 3 RolledBack, 4 Failed, 5 time
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
 
 from proxymode.cli import actions, advise, common, plan, report, status
 from proxymode.cli.client import ClientError
@@ -39,10 +43,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Command = args.func
+    # urllib3 logs each retry of a refused connection as a WARNING; the error below says it once.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
     try:
         return func(args)
     except ClientError as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except urllib3.exceptions.HTTPError as e:
+        reason = getattr(e, "reason", None) or e
+        print(f"error: cannot reach the API server: {reason}", file=sys.stderr)
+        return EXIT_ERROR
+    except ApiException as e:
+        print(f"error: the API server refused: {e.status} {e.reason}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130

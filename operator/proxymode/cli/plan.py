@@ -37,21 +37,40 @@ def register(sub: Any) -> None:
 
 def load_policy(path: str) -> ProxyModePolicy:
     """The ProxyModePolicy in ``path``, validated; a clear error when there is none or it is bad."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except UnicodeDecodeError as e:
+        raise ClientError(f"{path}: not a text file ({e.reason} at byte {e.start})") from e
     try:
         docs = [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
     except yaml.YAMLError as e:
-        raise ClientError(f"{path}: not YAML: {e}") from e
+        raise ClientError(f"{path}: not YAML: {_one_line(e)}") from e
     found = [d for d in docs if d.get("kind") == models.KIND]
     if not found:
         raise ClientError(f"{path}: no {models.KIND} in the file")
+    if len(found) > 1:
+        raise ClientError(f"{path}: {len(found)} {models.KIND}s in the file; plan takes one")
     doc = found[0]
+    api_version = f"{models.GROUP}/{models.VERSION}"
+    if doc.get("apiVersion") != api_version:
+        raise ClientError(
+            f"{path}: apiVersion {doc.get('apiVersion')!r} is not served; use {api_version}"
+        )
     doc.pop("status", None)  # plan as a new run, whatever the file carries
     try:
         return ProxyModePolicy.model_validate(doc)
     except ValidationError as e:
         lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
         raise ClientError(f"{path}: the policy is not valid:\n" + "\n".join(lines)) from e
+
+
+def _one_line(e: yaml.YAMLError) -> str:
+    """The parser's problem and where, on one line (its own text spans five, with a caret)."""
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"{e.problem or e.context}{where}"
+    return " ".join(str(e).split())
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -1,0 +1,96 @@
+"""Bad input to the plugin: one clear line on stderr and exit 1, never a traceback.
+
+No cluster is needed: each case fails before the plugin could talk to one, or talks to a
+loopback port where nothing listens (a real refused connection, not a mock).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from proxymode.cli.client import ClientError, Prometheus
+from proxymode.cli.main import main
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_plan_of_a_binary_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "policy.yaml"
+    f.write_bytes(b"\xfc\xfd\x00\xff binary")
+    assert main(["plan", "-f", str(f)]) == 1
+    assert str(f) in _one_error_line(capsys)
+
+
+def test_plan_of_bad_yaml_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "policy.yaml"
+    f.write_text("a: [b\n")
+    assert main(["plan", "-f", str(f)]) == 1
+    assert "not YAML" in _one_error_line(capsys)
+
+
+def test_a_kubeconfig_that_is_not_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kc = tmp_path / "kubeconfig"
+    kc.write_text("foo: [\n")
+    assert main(["--kubeconfig", str(kc), "list"]) == 1
+    assert "kubeconfig" in _one_error_line(capsys)
+
+
+def test_an_api_server_that_does_not_answer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:{_closed_port()}',"
+        " insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    assert main(["--kubeconfig", str(kc), "list"]) == 1
+    assert "127.0.0.1" in _one_error_line(capsys)
+
+
+def test_a_prometheus_url_that_does_not_parse() -> None:
+    with pytest.raises(ClientError, match="did not answer"):
+        Prometheus("http://[::1").instant("up")
+
+
+GOOD_SPEC = "spec: {targetMode: nftables, stages: [{name: all, percent: 100}]}\n"
+
+
+def test_plan_refuses_an_apiversion_the_server_does_not_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "policy.yaml"
+    head = "apiVersion: proxymode.io/v1beta9\nkind: ProxyModePolicy\nmetadata: {name: x}\n"
+    f.write_text(head + GOOD_SPEC)
+    assert main(["plan", "-f", str(f)]) == 1
+    assert "v1beta9" in _one_error_line(capsys)
+
+
+def test_plan_refuses_two_policies_rather_than_planning_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one = "apiVersion: proxymode.io/v1alpha1\nkind: ProxyModePolicy\nmetadata: {name: %s}\n"
+    f = tmp_path / "policy.yaml"
+    f.write_text(one % "a" + GOOD_SPEC + "---\n" + one % "b" + GOOD_SPEC)
+    assert main(["plan", "-f", str(f)]) == 1
+    assert "plan takes one" in _one_error_line(capsys)
