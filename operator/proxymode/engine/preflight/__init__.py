@@ -187,7 +187,9 @@ def check_other_policies(facts: Facts) -> list[Finding]:
 
 
 def check_labels(facts: Facts) -> list[Finding]:
-    return labelled_nodes(facts.observed.nodes)
+    # Only the nodes this policy may move: another policy's pair on other nodes (its own
+    # DaemonSet, its own pool) labels nodes that this one never touches.
+    return labelled_nodes(facts.candidates) if facts.daemon_set is not None else []
 
 
 Check = Callable[[Facts], list[Finding]]
