@@ -233,6 +233,29 @@ def operator_as_service_account(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def ipvs_policy(name: str, namespace: str) -> dict[str, Any]:
+    """An iptables -> ipvs policy over the canary pool, then every node, with short bakes:
+    a whole migration, cleanup Jobs included, that the operator under test must finish."""
+    return {
+        "apiVersion": f"{G}/{V}",
+        "kind": models.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "targetMode": "ipvs",
+            "kubeProxy": {"namespace": namespace},
+            "readyTimeoutSeconds": 60,
+            "stages": [
+                {
+                    "name": "canary",
+                    "nodeSelector": {"matchLabels": {"pool": "canary"}},
+                    "bakeSeconds": 1,
+                },
+                {"name": "all", "percent": 100, "bakeSeconds": 1},
+            ],
+        },
+    }
+
+
 def _install_kube_proxy(api: client.ApiClient, namespace: str) -> list[str]:
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     core.create_namespace({"metadata": {"name": namespace}})
@@ -271,24 +294,7 @@ def test_operator_under_chart_rbac_migrates_and_releases_with_no_forbidden(
         G,
         V,
         P,
-        {
-            "apiVersion": f"{G}/{V}",
-            "kind": models.KIND,
-            "metadata": {"name": name},
-            "spec": {
-                "targetMode": "ipvs",
-                "kubeProxy": {"namespace": namespace},
-                "readyTimeoutSeconds": 60,
-                "stages": [
-                    {
-                        "name": "canary",
-                        "nodeSelector": {"matchLabels": {"pool": "canary"}},
-                        "bakeSeconds": 1,
-                    },
-                    {"name": "all", "percent": 100, "bakeSeconds": 1},
-                ],
-            },
-        },
+        ipvs_policy(name, namespace),
     )
 
     def status() -> dict[str, Any]:

@@ -29,7 +29,7 @@ from proxymode.api import models
 from proxymode_sandbox import Sandbox, SandboxConfig
 from proxymode_sandbox.process import free_port
 from tests.chart.conftest import ROOT, helm_template, run
-from tests.chart.test_chart_sandbox import _install_kube_proxy
+from tests.chart.test_chart_sandbox import _install_kube_proxy, ipvs_policy
 from tests.image.conftest import (
     BuiltImage,
     chart_security_flags,
@@ -148,24 +148,7 @@ def test_operator_in_the_image_migrates_the_sandbox(
             G,
             V,
             P,
-            {
-                "apiVersion": f"{G}/{V}",
-                "kind": models.KIND,
-                "metadata": {"name": policy},
-                "spec": {
-                    "targetMode": "ipvs",
-                    "kubeProxy": {"namespace": namespace},
-                    "readyTimeoutSeconds": 60,
-                    "stages": [
-                        {
-                            "name": "canary",
-                            "nodeSelector": {"matchLabels": {"pool": "canary"}},
-                            "bakeSeconds": 1,
-                        },
-                        {"name": "all", "percent": 100, "bakeSeconds": 1},
-                    ],
-                },
-            },
+            ipvs_policy(policy, namespace),
         )
 
         def status() -> dict[str, Any]:
