@@ -50,8 +50,18 @@ FROM ${RUNTIME_IMAGE} AS runtime
 COPY --from=build /opt/proxymode /opt/proxymode
 # A named user for UID 10001 (kopf falls back to the user name when POD_ID is unset). The
 # base's own pip goes too (python:3.11-slim has one; images/build.sh's base has none).
+# The verification Job (`proxymode verify-node`, same image) reads the node's rules with
+# iptables-save, nft and ip: installed here unless the base has them (images/build.sh's does).
+# Unpinned on purpose (DL3008): the base's Debian suite decides the versions, as it does for
+# every other package of the image.
+# hadolint ignore=DL3008
 RUN if python -m pip --version >/dev/null 2>&1; then \
       python -m pip uninstall --yes --quiet pip setuptools wheel; \
+    fi \
+ && if ! command -v nft >/dev/null || ! command -v iptables-save >/dev/null || ! command -v ip >/dev/null; then \
+      apt-get update \
+      && apt-get install --yes --no-install-recommends iptables nftables iproute2 \
+      && rm -rf /var/lib/apt/lists/*; \
     fi \
  && groupadd --system --gid 10001 proxymode \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

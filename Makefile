@@ -21,7 +21,8 @@ help:
 	@echo "                   (SCENARIO=rollback: slow-sync on a canary, rolled back automatically)"
 	@echo "make run           run the operator against \$$KUBECONFIG"
 	@echo "make test          lint, type-check and run the whole suite"
-	@echo "make sandbox       start the sandbox (.sandbox/env has KUBECONFIG and PATH)"
+	@echo "make sandbox       start the sandbox and its operator (.sandbox/env has KUBECONFIG"
+	@echo "                   and PATH); then kubectl apply -f examples/..."
 	@echo "make sandbox-down  stop every sandbox process and remove its state"
 	@echo "make bench         how the engine's look, status and queries grow to 5,000 nodes"
 	@echo "make image         build the operator image with podman (no Docker, no registry) and"
@@ -59,7 +60,10 @@ demo: sandbox
 	$(PY) -m proxymode_sandbox --dir $(SANDBOX) show
 	$(PY) -m proxymode_sandbox --dir $(SANDBOX) demo --scenario $(SCENARIO)
 
+# The sandbox runs an operator of its own (`make sandbox`); against the sandbox this one
+# takes over, so it is stopped first (and says so).
 run: venv
+	@$(PY) -m proxymode_sandbox --dir $(SANDBOX) operator stop --for-kubeconfig "$$KUBECONFIG"
 	$(VENV)/bin/proxymode-operator --liveness=http://127.0.0.1:8080/healthz
 
 crds: venv
@@ -82,6 +86,8 @@ test-sandbox: venv binaries system-deps
 
 bench: venv
 	$(PY) -m benchmarks.engine_scale
+	$(PY) -m benchmarks.wakeups $(BENCH_SANDBOX_ARGS)
+	$(PY) -m benchmarks.walk $(BENCH_WALK_ARGS)
 
 clean: sandbox-down
 	rm -rf $(VENV) build dist *.egg-info

@@ -30,7 +30,9 @@ REPO=${PROXYMODE_IMAGE_REPO:-localhost/proxymode/proxymode-operator}
 SUITE=bookworm
 # What the stand-ins hold. python:3.11-slim-bookworm has CPython 3.11, pip and
 # ca-certificates on debian:bookworm-slim; Debian's own python3 is 3.11 too.
-BUILD_PACKAGES=python3,python3-venv,python3-pip,python-is-python3,ca-certificates
+# iptables, nftables and iproute2: what `proxymode verify-node` reads on a node (the
+# verification Job runs this image; the Dockerfile installs them on the official base).
+BUILD_PACKAGES=python3,python3-venv,python3-pip,python-is-python3,ca-certificates,iptables,nftables,iproute2
 # Taken out of the build base to make the runtime base (dpkg --purge, in this order).
 RUNTIME_PURGE=(python3-pip python3-venv python3.11-venv python3-setuptools python3-wheel
   python3-pip-whl python3-setuptools-whl)

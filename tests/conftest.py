@@ -73,7 +73,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     # Every worker runs this on the same collection with the same inputs, so all of them
     # agree on the order (xdist refuses to run otherwise) and write the same units.
-    cached = config.cache.get(CACHE_KEY, {}) if config.cache else {}
+    cache = getattr(config, "cache", None)
+    cached = cache.get(CACHE_KEY, {}) if cache else {}
     plan = schedule.plan(infos, schedule.load_durations(cached))
     units = {info.nodeid: plan.groups.get(i, info.nodeid) for i, info in enumerate(infos)}
     partial = Path(f"{units_file}.{os.getpid()}")
@@ -125,11 +126,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
-    if _under_xdist(config) or config.cache is None or not _measured:
+    # The cache plugin is absent under ``-p no:cacheprovider``; durations then go unrecorded.
+    cache = getattr(config, "cache", None)
+    if _under_xdist(config) or cache is None or not _measured:
         return
-    known = config.cache.get(CACHE_KEY, {})
+    known = cache.get(CACHE_KEY, {})
     known.update({k: round(v, 2) for k, v in _measured.items()})
-    config.cache.set(CACHE_KEY, known)
+    cache.set(CACHE_KEY, known)
     if os.environ.get("PROXYMODE_WRITE_DURATIONS"):
         committed = schedule.load_durations()
         committed.update({k: round(v, 2) for k, v in _measured.items()})

@@ -1,19 +1,23 @@
 """The kopf shell: thin handlers around ``Reconciler`` (``kopf run -m proxymode.handlers``).
 
-- one daemon per policy looks again after however long the engine asked (seconds while
-  nodes move, a minute when idle); spec edits wake it at once through kopf's own loop;
-- the delete handler rolls a policy back before kopf removes its finalizer;
+- one daemon per policy looks again when woken (its spec or ``proxymode.io/action``
+  changed, or a node, kube-proxy pod or cleanup Job it depends on did), and otherwise after
+  however long the engine asked, which is only the fallback (``kube.wakeups``);
+- the delete handler rolls a policy back before kopf removes its finalizer; it and the
+  daemon never look at the same policy at once (``Reconciler.once`` holds a per-policy lock);
 - every transition the engine reports becomes a Kubernetes Event on the policy.
 
-kopf keeps its own bookkeeping in annotations under ``proxymode.io``; the rollout's state
-lives in ``status`` and on node labels, never in this process.
+The reconciler, its API client, the watch caches and the wake-ups live in kopf's ``memo``,
+made on startup and closed on cleanup. kopf keeps its own bookkeeping in annotations under
+``proxymode.io``; the rollout's state lives in ``status`` and on node labels, never in
+this process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-import threading
 import time
 from typing import Any, cast
 
@@ -22,13 +26,17 @@ from kubernetes import client, config
 
 from proxymode.api import models
 from proxymode.engine.actions import EmitEvent
+from proxymode.kube.cache import ClusterCache
 from proxymode.kube.reconcile import Reconciler
+from proxymode.kube.wakeups import Wakeups
 from proxymode.telemetry import Telemetry
 
 FINALIZER = "proxymode.io/finalizer"
+MAX_REQUEUE_SECONDS = 60.0
+"""The longest a daemon sleeps without a wake-up (the engine asks for 1-30 s, 60 when idle)."""
 log = logging.getLogger("proxymode")
-_state: dict[str, Reconciler] = {}
-_lock = threading.Lock()
+POOL_THREADS = 256
+"""Threads for kopf's sync handlers and the looks the daemons run off the event loop."""
 telemetry = Telemetry()
 """The process's metrics; ``__main__`` serves them when ``--metrics-address`` is given."""
 
@@ -45,11 +53,14 @@ def _api_client() -> client.ApiClient:
         return api
 
 
-def reconciler() -> Reconciler:
-    with _lock:
-        if "r" not in _state:
-            _state["r"] = Reconciler(_api_client(), events=_post_event, telemetry=telemetry)
-        return _state["r"]
+class _QuietWakeups(logging.Filter):
+    """kopf logs every run of an event handler; the wake-up handler runs on every change."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "'policy_event' succeeded" not in record.getMessage()
+
+
+logging.getLogger("kopf.objects").addFilter(_QuietWakeups())
 
 
 def _post_event(body: dict[str, Any], event: EmitEvent) -> None:
@@ -59,7 +70,7 @@ def _post_event(body: dict[str, Any], event: EmitEvent) -> None:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="proxymode.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -67,37 +78,79 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 60
-    reconciler()
+    # A look runs in a pool thread and the delete handler needs one too: kopf's default pool
+    # (min(32, CPUs + 4) threads, 6 on two cores) left the seventh policy of the fault matrix
+    # never looked at while others' looks waited on a slow API server.
+    settings.execution.max_workers = POOL_THREADS
+    wakeups = Wakeups()
+    wakeups.bind(asyncio.get_running_loop())
+    api = _api_client()
+    cache = ClusterCache(api, on_change=wakeups.wake_all)
+    memo.wakeups = wakeups
+    memo.api = api
+    memo.cache = cache
+    memo.reconciler = Reconciler(api, events=_post_event, telemetry=telemetry, cache=cache)
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the watches, drop the Prometheus clients (and their CA files), close the client."""
+    reconciler = memo.get("reconciler")
+    if reconciler is not None:
+        reconciler.close()
+    cache = memo.get("cache")
+    if cache is not None:
+        await asyncio.to_thread(cache.close)
+    api = memo.get("api")
+    if api is not None:
+        api.close()
+
+
+@kopf.on.event(models.GROUP, models.VERSION, models.PLURAL)
+def policy_event(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A spec edit, an action annotation or a deletion wakes that policy's daemon at once."""
+    wakeups: Wakeups | None = memo.get("wakeups")
+    if wakeups is not None:
+        wakeups.policy_changed(name, body)
 
 
 @kopf.daemon(models.GROUP, models.VERSION, models.PLURAL, cancellation_timeout=10.0)
-def drive(name: str, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any) -> None:
-    """Look at the policy again and again, as often as the engine asks."""
-    driver = reconciler()
+async def drive(
+    name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """Look at the policy again and again: when woken, or as often as the engine asks."""
+    driver: Reconciler = memo.reconciler
+    wakeups: Wakeups = memo.wakeups
     while not stopped:
         try:
-            outcome = driver.once(name)
+            outcome = await asyncio.to_thread(driver.once, name)
         except Exception:  # one bad look must not end the daemon
             logger.exception("reconcile failed; trying again in 5s")
-            stopped.wait(5)
+            await wakeups.wait(name, 5.0, stopped)
             continue
         if outcome.gone:
+            wakeups.forget(name)
+            driver.forget(name)
             return
-        stopped.wait(max(0.5, min(outcome.requeue_seconds, 60.0)))
+        await wakeups.wait(
+            name, max(0.5, min(outcome.requeue_seconds, MAX_REQUEUE_SECONDS)), stopped
+        )
 
 
 @kopf.on.delete(models.GROUP, models.VERSION, models.PLURAL, retries=None, backoff=2)
-def roll_back_on_delete(name: str, logger: kopf.Logger, **_: Any) -> None:
+async def roll_back_on_delete(name: str, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """A policy deleted mid-rollout is rolled back before its finalizer goes.
 
     The handler drives the rollback itself for up to a minute at a time, then hands back
     to kopf (which records the attempt and calls again), so a long rollback neither blocks
-    forever nor floods the log.
+    forever nor floods the log. Between looks it waits for a wake-up, as the daemon does.
     """
-    driver = reconciler()
+    driver: Reconciler = memo.reconciler
+    wakeups: Wakeups = memo.wakeups
     deadline = time.monotonic() + 60
+    never = asyncio.Event()
     while True:
-        outcome = driver.once(name, deleting=True)
+        outcome = await asyncio.to_thread(driver.once, name, deleting=True)
         if outcome.release_finalizer:
             logger.info("nothing left to undo; releasing the finalizer")
             return
@@ -105,4 +158,4 @@ def roll_back_on_delete(name: str, logger: kopf.Logger, **_: Any) -> None:
             raise kopf.TemporaryError(
                 f"still rolling back before the policy goes (phase {outcome.phase})", delay=1
             )
-        time.sleep(max(0.5, min(outcome.requeue_seconds, 5.0)))
+        await wakeups.wait(name, max(0.5, min(outcome.requeue_seconds, 5.0)), never)

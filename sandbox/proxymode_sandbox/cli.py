@@ -1,6 +1,7 @@
 """``proxymode-sandbox``: the command behind ``make sandbox``, ``make sandbox-down`` and the demo.
 
     proxymode-sandbox up [--nodes N] [--canary N] [--legacy N] [--real N] [--services N]
+                         [--containers-conf PATH]   # pods of local images under podman
     proxymode-sandbox down
     proxymode-sandbox status
     proxymode-sandbox show            # nodes by pool and the kube-proxy pod on each
@@ -10,6 +11,11 @@
     proxymode-sandbox crashloop NAMESPACE POD [--off]
     proxymode-sandbox exec NODE -- CMD...   # in a real node's namespace: iptables-save,
                                       # nft list ruleset, curl http://10.96.0.80
+    proxymode-sandbox reset-kube-proxy   # kube-system's kube-proxy as `up` installed it
+                                      # (after a finalized example, before the next)
+    proxymode-sandbox operator start|stop [--for-kubeconfig PATH]
+                                      # the operator `up` starts (logs/operator.log);
+                                      # `make run` stops it first to take over
 
 The state directory is ``.sandbox`` unless ``--dir`` or ``PROXYMODE_SANDBOX`` says otherwise.
 """
@@ -61,6 +67,14 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--services", type=int, default=100, help="Services besides echo, for real sync cost"
     )
+    up.add_argument(
+        "--containers-conf",
+        default="",
+        metavar="PATH",
+        help="run real nodes' pods whose image is in the local podman store under podman,"
+        " with this containers.conf (`make image` writes ~/.cache/proxymode/image/"
+        "containers.conf); default: every pod is a process",
+    )
     sub.add_parser("down", help="stop every sandbox process and remove the state")
     sub.add_parser("status", help="report which components run")
     sub.add_parser("show", help="nodes by pool and the kube-proxy pod on each")
@@ -79,6 +93,14 @@ def _parser() -> argparse.ArgumentParser:
     crash.add_argument("namespace")
     crash.add_argument("pod")
     crash.add_argument("--off", action="store_true")
+    sub.add_parser("reset-kube-proxy", help="kube-system's kube-proxy back to what `up` installed")
+    op = sub.add_parser("operator", help="start or stop the sandbox's own operator")
+    op.add_argument("action", choices=["start", "stop"])
+    op.add_argument(
+        "--for-kubeconfig",
+        default=None,
+        help="stop only when this kubeconfig is the sandbox's (what `make run` passes)",
+    )
     run = sub.add_parser("exec", help="run a command in a real node's network namespace")
     run.add_argument("node")
     run.add_argument("argv", nargs=argparse.REMAINDER)
@@ -96,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         config.proxy_mode = args.proxy_mode
         config.real_nodes, config.services = args.real, args.services
+        config.containers_conf = args.containers_conf
     sandbox = Sandbox(config)
     try:
         return _run(sandbox, args)
@@ -115,6 +138,8 @@ def _run(sandbox: Sandbox, args: argparse.Namespace) -> int:
         return 0
     if args.command == "status":
         return _status(sandbox)
+    if args.command == "operator" and args.action == "stop":
+        return _stop_operator(sandbox, args.for_kubeconfig)
     if not sandbox.status().healthy:
         print(f"no healthy sandbox in {sandbox.dir}; run `make sandbox`", file=sys.stderr)
         return 1
@@ -124,10 +149,13 @@ def _run(sandbox: Sandbox, args: argparse.Namespace) -> int:
 def _up(sandbox: Sandbox) -> int:
     if sandbox.status().healthy:
         print(f"sandbox already running in {sandbox.dir} ({sandbox.server})")
+        if sandbox.operator_record() is None:
+            _start_operator(sandbox)
         return 0
     start = time.monotonic()
     sandbox.up(log=lambda line: print(f"  {line}", flush=True))
     sandbox.install_crd()
+    _start_operator(sandbox)
     if sandbox.real_node_names():
         print(f"  real nodes: {', '.join(sandbox.real_node_names())} (`exec NODE -- CMD`)")
     print(
@@ -135,6 +163,32 @@ def _up(sandbox: Sandbox) -> int:
         f"{sandbox.kubernetes_version} at {sandbox.server}"
     )
     print(f"  source {sandbox.env_file} to use kubectl and helm against it")
+    return 0
+
+
+def _start_operator(sandbox: Sandbox) -> None:
+    """The operator, as if installed: `kubectl apply -f examples/...` works next."""
+    record = sandbox.start_operator()
+    print(f"  operator running (pid {record.pid}, log {record.log}); `make run` replaces it")
+
+
+def _stop_operator(sandbox: Sandbox, for_kubeconfig: str | None) -> int:
+    """Stop the sandbox's operator (``make run`` calls this before it starts its own)."""
+    if for_kubeconfig is not None:
+        # $KUBECONFIG may be a list (kubectl merges it): any entry naming the sandbox's
+        # kubeconfig means `make run` would act on the sandbox's policies too.
+        paths = [p for p in (for_kubeconfig or "~/.kube/config").split(os.pathsep) if p]
+        wanted = {Path(p).expanduser().resolve() for p in paths}
+        if sandbox.kubeconfig.resolve() not in wanted:
+            return 0  # another cluster: the sandbox's operator is not in the way
+    record = sandbox.operator_record()
+    if record is None:
+        return 0
+    sandbox.stop_operator()
+    print(
+        f"stopped the sandbox's operator (pid {record.pid}) so that this one drives the"
+        " policies; `proxymode-sandbox operator start` brings it back"
+    )
     return 0
 
 
@@ -158,6 +212,11 @@ def _use(sandbox: Sandbox, args: argparse.Namespace) -> int:
         sys.stdout.write(proc.stdout)
         sys.stderr.write(proc.stderr)
         return proc.returncode
+    elif args.command == "operator":
+        _start_operator(sandbox)
+    elif args.command == "reset-kube-proxy":
+        sandbox.reset_kube_proxy()
+        print("kube-system/kube-proxy is as `up` installed it, every pod restarted")
     elif args.command == "crashloop":
         sandbox.set_crashloop(args.namespace, args.pod, on=not args.off)
     return 0

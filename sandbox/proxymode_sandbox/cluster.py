@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -34,12 +35,12 @@ from typing import IO, Any
 
 import yaml
 
-from proxymode_sandbox import kubeadm_proxy, netns, process, services
+from proxymode_sandbox import kubeadm_proxy, monitoring, netns, process, services
 from proxymode_sandbox.binaries import binary_dir
 from proxymode_sandbox.certs import CertificateAuthority, service_account_signing_key
 from proxymode_sandbox.kubeconfig import write_kubeconfig
 from proxymode_sandbox.process import ProcessRecord
-from proxymode_sandbox.realnode import REAL_LABEL, TLS_SERVER_NAME, RealNodes
+from proxymode_sandbox.realnode import API_PORT, REAL_LABEL, TLS_SERVER_NAME, RealNodes
 from proxymode_sandbox.topology import KWOK_ANNOTATION, PoolSpec, Topology, node_manifest
 
 STATE_FILE = "state.json"
@@ -73,6 +74,10 @@ class SandboxConfig:
     """How many of the nodes (the last ones in creation order) are real (``realnode``)."""
     services: int = 100
     """Services besides ``echo`` in namespace ``sandbox`` (only with real nodes)."""
+    containers_conf: str = ""
+    """Opt-in: a real node's pod whose image is in the local podman store runs under podman
+    with this ``containers.conf`` (images/build.sh writes it); empty: every pod is a process
+    (decision 0066)."""
 
     def topology(self) -> Topology:
         return Topology.sized(self.nodes, self.canary_nodes, self.legacy_nodes)
@@ -205,9 +210,8 @@ class Sandbox:
     def _phase(self, report: UpReport, name: str, log: Callable[[str], None]) -> _PhaseTimer:
         return _PhaseTimer(report, name, log)
 
-    def _up(self, report: UpReport, log: Callable[[str], None]) -> None:
-        with self._phase(report, "binaries", log):
-            bins = binary_dir()
+    def _prepare(self, bins: Path) -> tuple[dict[str, int], str]:
+        """The state directory, free ports, the first state file and the tool links."""
         self.dir.mkdir(parents=True, exist_ok=True)
         for sub in ("logs", "pki", "bin"):
             (self.dir / sub).mkdir(exist_ok=True)
@@ -230,7 +234,13 @@ class Sandbox:
             link = self.bin_dir / tool
             link.unlink(missing_ok=True)
             link.symlink_to(bins / tool)
+        return ports, server
 
+    def _up(self, report: UpReport, log: Callable[[str], None]) -> None:
+        with self._phase(report, "binaries", log):
+            bins = binary_dir()
+        ports, server = self._prepare(bins)
+        version = self._state["kubernetesVersion"]
         with self._phase(report, "certificates", log):
             self._write_pki(server)
         with self._phase(report, "etcd", log):
@@ -241,12 +251,14 @@ class Sandbox:
             self._start_controllers(bins, ports)
         real = self._real_count(log)
         node_server, sni = server, ""
-        if real:
+        # The bridge carries the real nodes, and Prometheus's in-cluster address (monitoring).
+        if real or self._bridge_for_monitoring(log):
             with self._phase(report, "network", log):
                 self.real.create_network(_third_octet(self._node_net()))
                 self._save_state()
-                self.real.start_forwarder(self._start, ports["apiserver"])
-                node_server, sni = self.real.server, TLS_SERVER_NAME
+                if real:
+                    self.real.start_forwarder(self._start, ports["apiserver"])
+                    node_server, sni = self.real.server, TLS_SERVER_NAME
         with self._phase(report, "kube-proxy", log):
             self.apply(kubeadm_proxy.manifests(node_server, version, self.config.proxy_mode, sni))
         with self._phase(report, "nodes", log):
@@ -258,7 +270,9 @@ class Sandbox:
                 for i in range(1, pool.count + 1):
                     self._create_node(pool, i, real=f"{pool.name}-{i}" in real_names)
             if real:
-                self.real.start_kubelet(self._start, self.kubeconfig, bins)
+                self.real.start_kubelet(
+                    self._start, self.kubeconfig, bins, self.config.containers_conf
+                )
                 self.real.start_node_exporters(self._start)
             self.wait_nodes_ready()
         if real:
@@ -266,6 +280,7 @@ class Sandbox:
                 ips = services.start_backends(self.real, self._start)
                 self._save_state()
                 services.apply(self.apply, services.objects(ips, self.config.services))
+                self.apply([services.kubernetes_endpoints(self.real.bridge.host_ip, API_PORT)])
         with self._phase(report, "kube-proxy ready", log):
             self.wait_kube_proxy_ready()
         if self.config.prometheus:
@@ -493,6 +508,37 @@ class Sandbox:
             pools = {n: n.rsplit("-", 1)[0] for n in self.real.nodes}
             self.real.write_targets(targets, pools)
         self._start_prometheus(process.free_port())
+        if "real" in self._state:
+            self._publish_prometheus()
+
+    def _publish_prometheus(self) -> None:
+        """``monitoring/prometheus-operated``, the examples' Prometheus URL (``monitoring``):
+        a forwarder on the bridge to the loopback Prometheus, and the objects that name it."""
+        ip, port = self.real.bridge.host_ip, int(self.prometheus_url.rsplit(":", 1)[1])
+        record = self._start(
+            "prometheus-forwarder",
+            [
+                sys.executable,
+                "-m",
+                "proxymode_sandbox.forward",
+                f"--listen={ip}:{monitoring.PORT}",
+                f"--to=127.0.0.1:{port}",
+                f"--state-dir={self.dir}",
+            ],
+        )
+        self._wait_http(record, f"http://{ip}:{monitoring.PORT}/-/ready", "prometheus-forwarder")
+        monitoring.publish(ip, self.apply, self.kubectl)
+
+    def _bridge_for_monitoring(self, log: Callable[[str], None]) -> bool:
+        """Whether a sandbox without real nodes still gets its bridge, for Prometheus's
+        in-cluster address; said once when it cannot."""
+        if not self.config.prometheus:
+            return False
+        why = netns.available()
+        if why:
+            log(f"{monitoring.URL}: not published ({why}); use $PROMETHEUS_URL")
+            return False
+        return True
 
     def _start_prometheus(self, port: int) -> None:
         binary = shutil.which("prometheus")
@@ -548,6 +594,37 @@ class Sandbox:
         """Start Prometheus again on the same address, with the data it had."""
         port = int(self.prometheus_url.rsplit(":", 1)[1])
         self._start_prometheus(port)
+
+    def restart_component(self, name: str, downtime: float = 0.0, kill: bool = False) -> None:
+        """Stop control-plane component ``name`` (``etcd``, ``kube-apiserver``, ...) and start
+        it again with the same command line, as a node reboot or an upgrade would; returns once
+        it answers its health check again. ``downtime``: seconds it stays down in between;
+        ``kill``: SIGKILL (a crash) instead of SIGTERM (a clean stop)."""
+        index, record = next(
+            ((i, r) for i, r in enumerate(self._records()) if r.name == name), (-1, None)
+        )
+        if record is None or not process.alive(record, self.marker):
+            raise SandboxError(f"{name} is not running in {self.dir}")
+        argv = process.argv_of(record.pid)
+        if kill:
+            process.kill_now(record.pid)
+        else:
+            process.stop_pids([record.pid])
+        time.sleep(downtime)
+        fresh = process.start(name, argv, record.log)
+        # Same place in the start order, so ``down`` still stops etcd last.
+        self._state["processes"][index] = fresh.to_json()
+        self._save_state()
+        ports = self._state["ports"]
+        health = {
+            "etcd": (f"http://127.0.0.1:{ports['etcd']}/health", False),
+            "kube-apiserver": (f"{self.server}/readyz", True),
+        }
+        if name in health:
+            url, tls = health[name]
+            self._wait_http(fresh, url, name, tls=tls)
+        else:
+            self._check_alive(fresh)
 
     # -- waiting --
 
@@ -680,6 +757,31 @@ class Sandbox:
             return None if _condition(crd, "Established") == "True" else "not Established yet"
 
         self._wait(f"the CRD {name} to be Established", established)
+
+    def reset_kube_proxy(self) -> None:
+        """kube-system's kube-proxy back to what ``up`` installed (its mode and config), every
+        pod restarted on it: after a finalized migration, the next example starts where a
+        fresh sandbox would. (Delete the policy first; this takes the objects over.)"""
+        real = bool(self.real.nodes)
+        server = self.real.server if real else self.server
+        sni = TLS_SERVER_NAME if real else ""
+        mode = str(self._state.get("proxyMode", self.config.proxy_mode))
+        text = yaml.safe_dump_all(
+            kubeadm_proxy.manifests(server, self.kubernetes_version, mode, sni), sort_keys=False
+        )
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=proxymode-sandbox",
+            "-f",
+            "-",
+            input_text=text,
+        )
+        ns, name = kubeadm_proxy.NAMESPACE, kubeadm_proxy.NAME
+        self.kubectl("rollout", "restart", f"daemonset/{name}", "-n", ns)
+        timeout = f"--timeout={self.config.ready_timeout:.0f}s"
+        self.kubectl("rollout", "status", f"daemonset/{name}", "-n", ns, timeout)
 
     # -- real nodes --
 
@@ -815,12 +917,20 @@ class Sandbox:
 
     # -- the operator --
 
-    def start_operator(self, kubeconfig: Path | None = None) -> ProcessRecord:
-        """Run the proxymode operator as a process of this sandbox (``down`` stops it too)."""
-        self.stop_operator()
+    def start_operator(
+        self, kubeconfig: Path | None = None, *, replica: str = "", args: Sequence[str] = ()
+    ) -> ProcessRecord:
+        """Run the proxymode operator as a process of this sandbox (``down`` stops it too).
+
+        ``replica``: one more operator process beside the default one (``operator-<replica>``,
+        its own log and metrics address), e.g. two ``--peering`` replicas; ``args``: more
+        command-line flags for it.
+        """
+        name = _operator_name(replica)
+        self.stop_operator(replica=replica)
         metrics = f"127.0.0.1:{process.free_port()}"
         record = process.start(
-            "operator",
+            name,
             [
                 sys.executable,
                 "-m",
@@ -828,27 +938,43 @@ class Sandbox:
                 f"--kubeconfig={kubeconfig or self.kubeconfig}",
                 f"--liveness=http://127.0.0.1:{process.free_port()}/healthz",
                 f"--metrics-address={metrics}",
+                *args,
             ],
-            self.dir / "logs" / "operator.log",
+            self.dir / "logs" / f"{name}.log",
         )
         self._add_record(record)
-        self._state["operatorMetrics"] = f"http://{metrics}/metrics"
+        self._state["operatorMetrics" + (f"-{replica}" if replica else "")] = (
+            f"http://{metrics}/metrics"
+        )
         self._save_state()
         targets = self.dir / "prometheus" / "targets"
         if targets.is_dir():  # the sandbox's Prometheus scrapes the operator too
-            (targets / f"{OPERATOR_JOB}.json").write_text(
-                json.dumps([{"targets": [metrics], "labels": {"instance": "operator"}}])
+            job = OPERATOR_JOB + (f"-{replica}" if replica else "")
+            (targets / f"{job}.json").write_text(
+                json.dumps([{"targets": [metrics], "labels": {"instance": name}}])
             )
         return record
+
+    def operator_record(self) -> ProcessRecord | None:
+        """The operator ``start_operator`` started, while it runs."""
+        for record in self._records():
+            if record.name == "operator" and process.alive(record, self.marker):
+                return record
+        return None
 
     @property
     def operator_metrics_url(self) -> str:
         """Where the operator started by ``start_operator`` serves ``/metrics``."""
         return str(self._state.get("operatorMetrics", ""))
 
-    def stop_operator(self, kill: bool = False) -> None:
+    def replica_metrics_url(self, replica: str) -> str:
+        """Where operator replica ``replica`` serves ``/metrics``."""
+        return str(self._state.get(f"operatorMetrics-{replica}", ""))
+
+    def stop_operator(self, kill: bool = False, *, replica: str = "") -> None:
         """Stop the operator (``kill``: SIGKILL at once, as a crash would)."""
-        records = [r for r in self._records() if r.name == "operator"]
+        name = _operator_name(replica)
+        records = [r for r in self._records() if r.name == name]
         for record in records:
             if process.alive(record, self.marker):
                 if kill:
@@ -856,9 +982,16 @@ class Sandbox:
                 else:
                     process.stop_pids([record.pid])
         self._state["processes"] = [
-            p for p in self._state.get("processes", []) if p["name"] != "operator"
+            p for p in self._state.get("processes", []) if p["name"] != name
         ]
         self._save_state()
+
+    def freeze_operator(self, frozen: bool = True) -> None:
+        """SIGSTOP the operator's process group (a stalled node, a stop-the-world pause), or
+        SIGCONT it again: the process keeps its connections and state but does nothing."""
+        for record in self._records():
+            if record.name == "operator" and process.alive(record, self.marker):
+                os.killpg(record.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
 
     # -- env --
 
@@ -887,6 +1020,10 @@ class _PhaseTimer:
         self.report.phases[self.name] = elapsed
         if exc[0] is None:
             self.log(f"{self.name}: {elapsed:.1f}s")
+
+
+def _operator_name(replica: str) -> str:
+    return f"operator-{replica}" if replica else "operator"
 
 
 def _condition(obj: dict[str, Any], kind: str) -> str | None:

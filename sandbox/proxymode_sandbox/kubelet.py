@@ -33,14 +33,18 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
+from proxymode_sandbox import podrun
 from proxymode_sandbox.netns import exec_argv
-from proxymode_sandbox.podspec import NodeInfo, PodSpecError, prepare
-from proxymode_sandbox.probe import probe_once
+from proxymode_sandbox.podspec import NodeInfo, PodSpecError, prepare, termination_message
+from proxymode_sandbox.probe import Liveness, probe_once
 from proxymode_sandbox.realnode import set_blackhole
 
 BACKOFF_START, BACKOFF_MAX = 2.0, 40.0
 MAX_GRACE = 30.0
+REMOVE_WAIT = 10.0
+"""How long a stopped container's `podman run --rm` gets to report its exit code."""
 LEASE_SECONDS, LEASE_RENEW, STATUS_EVERY, POLL = 40, 10.0, 30.0, 0.5
 FAULT_ANNOTATION = "sandbox.proxymode.io/fault"
 
@@ -75,10 +79,19 @@ class PodRun:
     phase: str = "Pending"
     stopping: bool = False
     reported: str = ""
+    container: str = ""
+    """The podman container it runs as (``podrun``); empty: a process (``podspec``)."""
+    liveness: Liveness = field(default_factory=Liveness)
 
 
 class Kubelet:
-    def __init__(self, api: client.ApiClient, nodes: list[NodeInfo], bin_dir: Path) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        nodes: list[NodeInfo],
+        bin_dir: Path,
+        podman: podrun.Podman | None = None,
+    ) -> None:
         # Any: the pods are read as raw JSON, and the typed models' Optionals add nothing here.
         self.core: Any = client.CoreV1Api(api)
         self.leases: Any = client.CoordinationV1Api(api)
@@ -87,6 +100,8 @@ class Kubelet:
         self.pods: dict[str, PodRun] = {}
         self.faults: dict[str, str] = {}
         self.last_lease = self.last_status = 0.0
+        self.podman = podman
+        """Set: pods whose image is in the local store run under podman (decision 0066)."""
 
     # -- nodes --
 
@@ -215,6 +230,9 @@ class Kubelet:
         code = run.proc.poll()
         if code is None:
             self._probe(run, pod)
+            if run.container and run.liveness.failed(pod["spec"]["containers"][0], run.node.ip):
+                # As a kubelet does: the container is killed and restarted (a restart counts).
+                threading.Thread(target=self._stop, args=(run, _grace(pod)), daemon=True).start()
             return
         finished = _now()
         state = {
@@ -223,6 +241,9 @@ class Kubelet:
             "startedAt": run.started_at,
             "finishedAt": finished,
         }
+        message = termination_message(run.pod_dir, pod["spec"]["containers"][0], code)
+        if message:
+            state["message"] = message
         run.proc, run.ready = None, False
         if policy == "Never" or (policy == "OnFailure" and code == 0):
             run.terminated, run.phase = state, ("Succeeded" if code == 0 else "Failed")
@@ -237,32 +258,45 @@ class Kubelet:
         )
 
     def _start(self, run: PodRun, pod: dict[str, Any]) -> None:
+        run.pod_dir.mkdir(parents=True, exist_ok=True)
         try:
-            launch = prepare(self.core, pod, run.node, run.pod_dir, self.bin_dir)
+            argv, env = self._launch(run, pod)
         except (PodSpecError, ApiException) as e:
             run.waiting = ("CreateContainerConfigError", str(e)[:300])
             run.retry_at = time.monotonic() + BACKOFF_START
             return
-        argv = launch.argv
-        if self._fault(run.node.name) == "crash" and "kube-proxy" in Path(launch.program).name:
-            # The fault, in the node's namespace: kube-proxy's process exits as it starts.
-            argv = exec_argv(run.node.netns, ["sh", "-c", "echo 'fault crash: exit 1'; exit 1"])
         log = run.pod_dir / "container.log"
-        run.pod_dir.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
             run.proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=launch.env,
+                env=env,
                 start_new_session=True,
             )
+        run.liveness = Liveness.start(pod["spec"]["containers"][0])
         run.started_at, run.waiting, run.phase = _now(), None, "Running"
         run.ready = "readinessProbe" not in pod["spec"]["containers"][0]
         run.next_probe = time.monotonic() + float(
             pod["spec"]["containers"][0].get("readinessProbe", {}).get("initialDelaySeconds", 0)
         )
+
+    def _launch(self, run: PodRun, pod: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+        """How to start the pod's container: under podman when its image is in the local
+        store and the sandbox asked for it, else as a process in the node's namespace."""
+        image = str(pod["spec"]["containers"][0].get("image", ""))
+        if self.podman is not None and self.podman.has_image(image):
+            run.container = self.podman.container_name(run.uid)
+            argv = self.podman.launch(self.core, pod, run.node, run.pod_dir)
+            return argv, self.podman.env()
+        run.container = ""
+        launch = prepare(self.core, pod, run.node, run.pod_dir, self.bin_dir)
+        argv = launch.argv
+        if self._fault(run.node.name) == "crash" and "kube-proxy" in Path(launch.program).name:
+            # The fault, in the node's namespace: kube-proxy's process exits as it starts.
+            argv = exec_argv(run.node.netns, ["sh", "-c", "echo 'fault crash: exit 1'; exit 1"])
+        return argv, launch.env
 
     def _probe(self, run: PodRun, pod: dict[str, Any]) -> None:
         container = pod["spec"]["containers"][0]
@@ -283,11 +317,11 @@ class Kubelet:
         if run.stopping:
             return
         run.stopping = True
-        grace = min(float(pod["spec"].get("terminationGracePeriodSeconds", 30)), MAX_GRACE)
+        grace = _grace(pod)
 
         def finish() -> None:
             self._stop(run, grace)
-            with contextlib.suppress(ApiException):
+            try:
                 self.core.delete_namespaced_pod(
                     run.name,
                     run.namespace,
@@ -296,11 +330,26 @@ class Kubelet:
                         grace_period_seconds=0, preconditions=client.V1Preconditions(uid=run.uid)
                     ),
                 )
+            except ApiException as e:
+                if e.status not in (404, 409):  # gone already, or another pod by that name
+                    run.stopping = False  # the next sync asks again
+            except (HTTPError, OSError) as e:
+                # The API server is away (restarted): the process is stopped, the pod's
+                # removal is asked again by the next sync, as a kubelet keeps retrying.
+                print(f"sandbox kubelet: removing {run.name} failed, again later: {e}", flush=True)
+                run.stopping = False
 
         threading.Thread(target=finish, daemon=True).start()
 
     def _stop(self, run: PodRun, grace: float) -> None:
         proc = run.proc
+        if run.container and self.podman is not None:
+            self.podman.stop(run.container, grace)
+            if proc is not None:
+                # `podman run --rm` reports the container's exit code, then removes it.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=REMOVE_WAIT)
+            self.podman.remove(run.container)
         if proc is None or proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -345,7 +394,7 @@ class Kubelet:
                     "name": container["name"],
                     "image": container.get("image", ""),
                     "imageID": "",
-                    "containerID": f"sandbox://{run.proc.pid}" if run.proc else "",
+                    "containerID": _container_id(run),
                     "ready": ready,
                     "started": run.proc is not None,
                     "restartCount": run.restarts,
@@ -365,6 +414,17 @@ class Kubelet:
             run.reported = key
 
 
+def _grace(pod: dict[str, Any]) -> float:
+    return min(float(pod["spec"].get("terminationGracePeriodSeconds", 30)), MAX_GRACE)
+
+
+def _container_id(run: PodRun) -> str:
+    """``podman://<id>`` for a container, ``sandbox://<pid>`` for a process."""
+    if run.proc is None:
+        return ""
+    return podrun.container_id(run.pod_dir) if run.container else f"sandbox://{run.proc.pid}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--config", required=True, type=Path)
@@ -372,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = json.loads(args.config.read_text())
     api = config.new_client_from_config(config_file=cfg["kubeconfig"])  # type: ignore[no-untyped-call]
     nodes = [NodeInfo(n["name"], n["netns"], n["ip"], Path(n["root"])) for n in cfg["nodes"]]
-    kubelet = Kubelet(api, nodes, Path(cfg["binDir"]))
+    images = cfg.get("podman")
+    podman = podrun.Podman(images["containersConf"], images["sandbox"]) if images else None
+    kubelet = Kubelet(api, nodes, Path(cfg["binDir"]), podman)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(f"sandbox kubelet: serving {', '.join(n.name for n in nodes)}", flush=True)
@@ -382,8 +444,9 @@ def main(argv: list[str] | None = None) -> int:
                 kubelet.heartbeat()
                 kubelet.sync_faults()
                 kubelet.sync_pods()
-            except (ApiException, OSError) as e:
-                print(f"sandbox kubelet: {e}", flush=True)
+            except (ApiException, HTTPError, OSError) as e:
+                # A kubelet outlives its API server's restarts: say so, and try again.
+                print(f"sandbox kubelet: {type(e).__name__}: {e}", flush=True)
             stop.wait(POLL)
     finally:
         kubelet.stop_all()

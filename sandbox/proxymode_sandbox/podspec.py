@@ -20,6 +20,7 @@ import base64
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from typing import Any
 from proxymode_sandbox.netns import exec_argv
 
 TOKEN_SECONDS = 3600
+TERMINATION_PATH = "/dev/termination-log"
+MAX_MESSAGE = 4096
 HOST_SHARED_READONLY = ("/lib/modules",)
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -64,8 +67,20 @@ def prepare(core: Any, pod: dict[str, Any], node: NodeInfo, pod_dir: Path, bin_d
     if not words:
         raise PodSpecError("the container has no command (the sandbox does not read images)")
     built = bin_dir / Path(words[0]).name
-    words[0] = str(built) if built.is_file() else words[0]
+    own = Path(sys.executable).parent / Path(words[0]).name  # the project's venv: proxymode
+    words[0] = str(built) if built.is_file() else str(own) if own.is_file() else words[0]
     script = ["set -e"]
+    # The termination message: a file of the pod's on the container's path, which the
+    # kubelet reads when the process ends (``terminated.message``).
+    message = termination_log(pod_dir)
+    message.parent.mkdir(parents=True, exist_ok=True)
+    message.write_bytes(b"")
+    log_target = shlex.quote(container.get("terminationMessagePath") or TERMINATION_PATH)
+    # Best effort: a machine where the path cannot be made still runs the pod, without it.
+    script.append(
+        f"{{ [ -e {log_target} ] || touch {log_target}; "
+        f"mount --bind {shlex.quote(str(message))} {log_target}; }} 2>/dev/null || true"
+    )
     for mount in container.get("volumeMounts", []):
         source = volumes.get(mount["name"])
         if source is None:
@@ -86,6 +101,22 @@ def prepare(core: Any, pod: dict[str, Any], node: NodeInfo, pod_dir: Path, bin_d
         ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", "; ".join(script)],
     )
     return Launch(argv=[*argv, "sh", *words], env=env, program=words[0])
+
+
+def termination_log(pod_dir: Path) -> Path:
+    return pod_dir / "termination-log"
+
+
+def termination_message(pod_dir: Path, container: dict[str, Any], code: int) -> str:
+    """What a kubelet reports as ``terminated.message``: the file (at most 4096 bytes), or
+    with ``FallbackToLogsOnError`` and a failure, the log's tail when the file is empty."""
+    path = termination_log(pod_dir)
+    text = path.read_bytes()[:MAX_MESSAGE].decode(errors="replace") if path.is_file() else ""
+    if text or code == 0 or container.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+        return text
+    log = pod_dir / "container.log"
+    tail = log.read_bytes()[-2048:] if log.is_file() else b""
+    return tail.decode(errors="replace")
 
 
 def _volume(

@@ -83,6 +83,12 @@ def _cmdline(pid: int) -> str | None:
     return raw.replace(b"\0", b" ").decode(errors="replace")
 
 
+def argv_of(pid: int) -> list[str]:
+    """The command line ``pid`` runs, argument by argument (to start it again the same way)."""
+    raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    return raw.rstrip(b"\0").decode().split("\0")
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

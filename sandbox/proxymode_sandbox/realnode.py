@@ -16,6 +16,7 @@ serving certificate.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxymode_sandbox import netns, process
+from proxymode_sandbox import netns, podrun, process
 
 REAL_LABEL = "sandbox.proxymode.io/real"
 API_PORT = 6443
@@ -97,18 +98,21 @@ class RealNodes:
         (self.root / name).mkdir(parents=True, exist_ok=True)
         return ip
 
-    def start_kubelet(self, start: Starter, kubeconfig: Path, bin_dir: Path) -> None:
+    def start_kubelet(
+        self, start: Starter, kubeconfig: Path, bin_dir: Path, containers_conf: str = ""
+    ) -> None:
+        """``containers_conf``: pods whose image is in the local podman store run under
+        podman with this configuration (decision 0066); empty: every pod is a process."""
+        body: dict[str, Any] = {
+            "kubeconfig": str(kubeconfig),
+            "binDir": str(bin_dir),
+            "nodes": list(self.nodes.values()),
+        }
+        if containers_conf:
+            body["podman"] = {"containersConf": containers_conf, "sandbox": self.bridge.sid}
+            self.state["real"]["containersConf"] = containers_conf
         cfg = self.root / "kubelet.json"
-        cfg.write_text(
-            json.dumps(
-                {
-                    "kubeconfig": str(kubeconfig),
-                    "binDir": str(bin_dir),
-                    "nodes": list(self.nodes.values()),
-                },
-                indent=1,
-            )
-        )
+        cfg.write_text(json.dumps(body, indent=1))
         start("kubelet", [*_python(), "proxymode_sandbox.kubelet", f"--config={cfg}"])
 
     def start_node_exporters(self, start: Starter) -> None:
@@ -168,6 +172,11 @@ class RealNodes:
         Works from the directory alone, so it also cleans up after a crash.
         """
         sid = netns.sandbox_id(self.state_dir)
+        # The containers of this sandbox's pods (labelled with its id): when it ran any, or
+        # when its state is lost and nobody knows.
+        conf = str(self.state.get("real", {}).get("containersConf", ""))
+        if (conf or not self.state) and shutil.which("podman"):
+            podrun.Podman(conf or os.environ.get("CONTAINERS_CONF", ""), sid).remove_all()
         pids = [pid for ns in netns.namespaces(sid) for pid in netns.pids_in(ns)]
         process.stop_pids(pids, grace_seconds=5.0)
         return netns.teardown(sid)

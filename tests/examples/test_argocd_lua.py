@@ -587,6 +587,7 @@ class _PolicyOnlyObserver(Observer):
     def __init__(self) -> None:
         for api in ("core", "apps", "batch", "custom", "discovery"):
             setattr(self, api, _NotFound())
+        self.cache = None  # no watch cache: every look lists, and finds nothing
 
     def _facts(self, policy: ProxyModePolicy) -> ClusterFacts:
         """Pending and Preflight also gather cluster facts (the version API): none here."""

@@ -15,10 +15,12 @@ Why it is built like this:
   run by the operator process in the sandbox until its end state, which is then checked
   against the cluster itself (node labels, DaemonSets, the ConfigMap the operator wrote,
   what Prometheus scrapes). The four run at the same time on disjoint nodes (conftest.py).
-- The sandbox cannot wait an hour per stage, has its own Prometheus, and each example drives
-  its own kube-proxy. ``for_sandbox`` makes exactly those changes and no others, and the
-  changed fields are checked against ``SANDBOX_CHANGES``: the stages, pools, checks,
-  thresholds, overrides and limits that run are the example's own.
+- The sandbox cannot wait an hour per stage, and each example drives its own kube-proxy.
+  ``for_sandbox`` makes exactly those changes and no others, and the changed fields are
+  checked against ``SANDBOX_CHANGES``: the stages, pools, checks, thresholds, overrides,
+  limits and the Prometheus URL that run are the example's own (the sandbox publishes its
+  Prometheus as ``monitoring/prometheus-operated``, docs/decisions/0032; test_as_a_user_*.py
+  runs the examples with no change at all, as a person would).
 - The custom-query example (custom-success-rate-check.yaml) measures Envoy's upstream
   success rate, a real business metric the sandbox does not have: kwok nodes run no Envoy.
   Its query is replaced by the same shape over a metric the sandbox's simulated kube-proxy
@@ -126,8 +128,6 @@ SANDBOX_CHANGES = (
     r"spec\.kubeProxy\.namespace",
     # Minutes and hours of bake become seconds.
     r"spec\.stages\[\d+\]\.bakeSeconds",
-    # The sandbox's Prometheus instead of prometheus-operated.monitoring.svc.
-    r"spec\.analysis\.prometheus\.url",
     # Shorter rounds, window and warm-up, one passing round per stage.
     r"spec\.analysis\.(intervalSeconds|windowSeconds|warmupSeconds|minPassingRounds)",
     # A custom query over metrics the sandbox does not have (see SANDBOX_QUERIES).
@@ -148,9 +148,7 @@ SANDBOX_QUERIES: Mapping[str, str] = {
 }
 
 
-def for_sandbox(
-    example: Mapping[str, Any], *, namespace: str, prometheus_url: str
-) -> dict[str, Any]:
+def for_sandbox(example: Mapping[str, Any], *, namespace: str) -> dict[str, Any]:
     """The example as the sandbox runs it; every change is one of ``SANDBOX_CHANGES``."""
     body = copy.deepcopy(dict(example))
     spec = body["spec"]
@@ -159,7 +157,6 @@ def for_sandbox(
         stage["bakeSeconds"] = SANDBOX_BAKE_SECONDS
     analysis = spec.get("analysis")
     if analysis is not None:
-        analysis["prometheus"]["url"] = prometheus_url
         analysis.update(SANDBOX_TIMING)
         for check in analysis["checks"]:
             if "query" in check:
@@ -306,7 +303,7 @@ def migrations(api: client.ApiClient, operator: Sandbox) -> Iterator[Migrations]
             )
             proxy = install_kube_proxy_on(api, namespace, nodes)
             example = load_policy(relpath)
-            body = for_sandbox(example, namespace=namespace, prometheus_url=operator.prometheus_url)
+            body = for_sandbox(example, namespace=namespace)
             changes = changed_fields(example, body)
             assert not unlisted(changes), f"for_sandbox changed: {unlisted(changes)}"
             budget = body["spec"].get("maxUnavailable", 1)
@@ -381,12 +378,14 @@ def test_policy_example_validates_with_the_models(relpath: str) -> None:
 
 @pytest.mark.parametrize("relpath", policy_examples())
 def test_sandbox_version_changes_only_the_listed_fields(relpath: str) -> None:
-    """``for_sandbox`` changes timing, addresses and the stand-in query, nothing else, and
-    its result is as valid as the example."""
+    """``for_sandbox`` changes timing, the kube-proxy's namespace and the stand-in query,
+    nothing else (the Prometheus URL is the example's own), and its result is as valid as
+    the example."""
     example = load_policy(relpath)
-    body = for_sandbox(example, namespace="ns", prometheus_url="http://127.0.0.1:9")
+    body = for_sandbox(example, namespace="ns")
     changes = changed_fields(example, body)
     assert "spec.kubeProxy.namespace" in changes
+    assert "spec.analysis.prometheus.url" not in changes
     assert not unlisted(changes), unlisted(changes)
     models.ProxyModePolicy.model_validate(body)
     queries = {

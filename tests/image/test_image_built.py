@@ -212,3 +212,22 @@ def test_oci_archive_holds_this_image(built_image: BuiltImage) -> None:
         config = manifest["config"]
         assert isinstance(config, dict)
         assert config["digest"] == f"sha256:{built_image.image_id}"
+
+
+def test_the_verification_job_finds_its_tools_in_the_image(built_image: BuiltImage) -> None:
+    """The verification Job runs this image as root with NET_ADMIN: its entry point and the
+    rule readers it calls (iptables-save, nft, ip) must be on the image's PATH."""
+    result = podman(
+        built_image,
+        "run",
+        "--rm",
+        "--network=none",
+        "--user=0:0",
+        "--entrypoint=/bin/sh",
+        built_image.name,
+        "-c",
+        "proxymode verify-node --help && iptables-save --version && nft --version && ip -V",
+    )
+    assert "verify-node" in result.stdout or "--service" in result.stdout, result.stdout
+    assert "iptables-save" in result.stdout and "nftables" in result.stdout, result.stdout
+    assert "iproute2" in result.stdout or "ip utility" in result.stdout, result.stdout

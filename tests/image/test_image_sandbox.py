@@ -8,11 +8,12 @@ for the ServiceAccount mount. It drives an iptables -> ipvs migration, cleanup J
 to Completed and finalized, serves kopf's liveness endpoint and its own /metrics, and never
 logs a traceback or a write refused by the read-only root. The chart's RBAC with the
 ServiceAccount token is tests/chart/test_chart_sandbox.py (from the image's virtualenv); the
-pod itself on a real node is issue 16's item 3.
+pod itself on a real node, helm-installed, is tests/image/test_operator_pod.py.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import urllib.request
@@ -77,7 +78,16 @@ def operator_container(
     """The operator running in the image: (container name, liveness port, metrics port)."""
     run([bins / "kubectl", f"--kubeconfig={sandbox.kubeconfig}", "apply", "--server-side",
          "-f", ROOT / "crds"])  # fmt: skip
-    deployment = deployment_of(load_all(helm_template(bins).stdout))
+    rendered = load_all(helm_template(bins).stdout)
+    deployment = deployment_of(rendered)
+    # The chart runs the operator with --peering: its ClusterKopfPeering object must exist
+    # (without it kopf pauses and never acts), once the peering CRD from crds/ serves.
+    run([bins / "kubectl", f"--kubeconfig={sandbox.kubeconfig}", "wait", "--for",
+         "condition=established", "--timeout=60s", "crd/clusterkopfpeerings.kopf.dev"])  # fmt: skip
+    peerings = [o for o in rendered if o and o.get("kind") == "ClusterKopfPeering"]
+    for peering in peerings:
+        run([bins / "kubectl", f"--kubeconfig={sandbox.kubeconfig}", "apply", "--server-side",
+             "-f", "-"], input=json.dumps(peering))  # fmt: skip
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     live, metrics = free_port(), free_port()
     args = [

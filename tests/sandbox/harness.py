@@ -145,9 +145,9 @@ class Sampler(threading.Thread):
                 ):
                     job = event["object"]
                     version = job.metadata.resource_version or version
-                    self.jobs[job.metadata.name] = (job.metadata.labels or {}).get(
-                        "proxymode.io/node", ""
-                    )
+                    self.jobs[job.metadata.name] = (job.metadata.annotations or {}).get(
+                        "proxymode.io/node"
+                    ) or (job.metadata.labels or {}).get("proxymode.io/node", "")
                     if self.halt.is_set():
                         break
             except ApiException as e:
@@ -179,6 +179,58 @@ class Sampler(threading.Thread):
         if len(switching) > self.budget:
             self.violations.append(f"{len(switching)} nodes switching at once: {switching}")
         self.samples += 1
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=5)
+
+
+class PodStarts(threading.Thread):
+    """kube-proxy pods started per node in a namespace, from a watch that begins after a
+    list (the pods already there are not starts): every pod the DaemonSet controllers
+    create is seen, however briefly it lives."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        super().__init__(daemon=True)
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.halt = threading.Event()
+        self.node_of: dict[str, str] = {}  # pod uid -> node, once bound
+        self.expired = False
+        listed = self.core.list_namespaced_pod(namespace, label_selector="k8s-app=kube-proxy")
+        self.version = listed.metadata.resource_version
+        self.before = {p.metadata.uid for p in listed.items}
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            stream = watch.Watch()
+            try:
+                for event in stream.stream(
+                    self.core.list_namespaced_pod,
+                    self.namespace,
+                    label_selector="k8s-app=kube-proxy",
+                    resource_version=self.version,
+                    timeout_seconds=2,
+                ):
+                    pod = event["object"]
+                    self.version = pod.metadata.resource_version or self.version
+                    if pod.metadata.uid not in self.before and pod.spec.node_name:
+                        self.node_of[pod.metadata.uid] = pod.spec.node_name
+                    if self.halt.is_set():
+                        break
+            except ApiException as e:
+                if e.status == 410:  # too old: starts may have been missed; the test says so
+                    self.expired = True
+                    return
+            finally:
+                stream.stop()
+
+    def per_node(self) -> dict[str, int]:
+        assert not self.expired, "the pod watch expired: some starts were not seen"
+        counts: dict[str, int] = {}
+        for node in self.node_of.values():
+            counts[node] = counts.get(node, 0) + 1
+        return counts
 
     def stop(self) -> None:
         self.halt.set()
@@ -218,13 +270,24 @@ class Policies:
         return dict(self.get(name).get("status") or {})
 
     def wait_phase(self, name: str, *phases: str, timeout: float = 180) -> dict[str, Any]:
-        return eventually(
-            lambda: (st := self.status(name)).get("phase") in phases and st,
-            timeout=timeout,
-            interval=0.5,
-            what=f"policy {name} to reach {phases} (now {self.status(name).get('phase')}:"
-            f" {self.status(name).get('message')})",
-        )
+        """Wait for one of ``phases``; a timeout says where the policy was at the end (its
+        phase, message and last history entries), not where it was when the wait began."""
+        try:
+            return eventually(
+                lambda: (st := self.status(name)).get("phase") in phases and st,
+                timeout=timeout,
+                interval=0.5,
+                what=f"policy {name} to reach {phases}",
+            )
+        except AssertionError as e:
+            st = self.status(name)
+            tail = [
+                f"{h.get('time')} {h.get('phase')} {h.get('stage') or '-'} {h.get('reason')}"
+                for h in (st.get("history") or [])[-6:]
+            ]
+            raise AssertionError(
+                f"{e}; at the end: {st.get('phase')}: {st.get('message')}; history: {tail}"
+            ) from e
 
     def act(self, name: str, action: str) -> None:
         patch = {"metadata": {"annotations": {"proxymode.io/action": action}}}
@@ -248,6 +311,17 @@ class Policies:
                 return False
             raise
         return True
+
+
+def with_exclusion_term(affinity: dict[str, Any], target: str) -> dict[str, Any]:
+    """What ``finalizeSourceTemplate: KeepExclusionTerm`` promises for the source's affinity:
+    ``proxymode.io/mode NotIn [<target>, switching]`` ANDed into every required term."""
+    want = copy.deepcopy(affinity)
+    term = {"key": MODE_LABEL, "operator": "NotIn", "values": [target, "switching"]}
+    required = want["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    for t in required["nodeSelectorTerms"]:
+        t["matchExpressions"] = [*t.get("matchExpressions", []), term]
+    return want
 
 
 def node_modes(core: client.CoreV1Api) -> dict[str, str | None]:

@@ -43,6 +43,8 @@ def test_every_component_is_running(sandbox: Sandbox) -> None:
         "kwok",
         "kube-proxy-metrics",
         "prometheus",
+        # Prometheus on the bridge, for monitoring/prometheus-operated (decision 0032)
+        "prometheus-forwarder",
         "operator",
     }
     assert status.healthy, [c for c in status.components if not c.running]

@@ -22,6 +22,7 @@ from tests.sandbox.harness import (
     G,
     KubeProxy,
     P,
+    PodStarts,
     Policies,
     Sampler,
     V,
@@ -30,6 +31,7 @@ from tests.sandbox.harness import (
     mode_of,
     node_modes,
     raw,
+    with_exclusion_term,
 )
 
 # -- (a) ----------------------------------------------------------------------------------
@@ -39,6 +41,8 @@ def test_iptables_to_nftables_over_three_stages_completes_and_finalizes(
     api: client.ApiClient, proxy: KubeProxy, policies: Policies, sampler: Sampler
 ) -> None:
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    starts = PodStarts(api, proxy.namespace)
+    starts.start()
     started = time.monotonic()
     name = policies.create(proxy.namespace)
     status = policies.wait_phase(name, "Completed", "Failed", "RolledBack")
@@ -63,9 +67,14 @@ def test_iptables_to_nftables_over_three_stages_completes_and_finalizes(
     assert all(v is None for v in node_modes(core).values()), "no proxymode.io/ label left"
     ds = raw(apps.read_namespaced_daemon_set, "kube-proxy", proxy.namespace)
     assert ds["spec"]["updateStrategy"] == proxy.ds_spec["updateStrategy"]
-    assert ds["spec"]["template"]["spec"]["affinity"] == NOT_LEGACY
+    # finalizeSourceTemplate: KeepExclusionTerm, the default (decision 0014): the template
+    # the nodes were handed back to stays, so nothing rolls and each proxy started twice.
+    assert ds["spec"]["template"]["spec"]["affinity"] == with_exclusion_term(NOT_LEGACY, "nftables")
+    assert ds["status"]["updatedNumberScheduled"] == len(proxy.nodes), "nothing left to roll"
     pods = core.list_namespaced_pod(proxy.namespace, label_selector="k8s-app=kube-proxy").items
     assert sorted(p.spec.node_name for p in pods) == proxy.nodes, "one kube-proxy per node"
+    starts.stop()
+    assert starts.per_node() == dict.fromkeys(proxy.nodes, 2), "switch and hand-back only"
     reasons = [
         e.reason
         for e in core.list_namespaced_event("default").items
@@ -77,7 +86,8 @@ def test_iptables_to_nftables_over_three_stages_completes_and_finalizes(
     assert sampler.samples > 10
     print(
         f"\n(a) {len(proxy.nodes)} nodes, 3 stages: Completed in {elapsed:.1f}s,"
-        f" {sampler.samples} invariant samples, max switching {sampler.max_switching}"
+        f" {sampler.samples} invariant samples, max switching {sampler.max_switching},"
+        f" kube-proxy starts per node {starts.per_node()}"
     )
 
 

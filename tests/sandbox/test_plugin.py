@@ -177,7 +177,12 @@ def test_status_watches_a_gated_migration_to_completed_and_reports_it(
         "failures",
         "vs-baseline",
     }
-    assert any(e["reason"] == "StageStarted" for e in final["events"])
+    # The view keeps the 10 latest Events: since every move also reports its verification
+    # (NodeVerified), the run's early StageStarted is out of that window by the end, and the
+    # end of the run is in it.
+    reasons = [e["reason"] for e in final["events"]]
+    assert 0 < len(reasons) <= 10, reasons
+    assert "Completed" in reasons and "NodeVerified" in reasons, reasons
     # The tree, as a person sees it; and --timeout on a finished policy returns at once.
     done = kubectl_proxymode(sandbox, "status", name, "--timeout", "10s")
     assert done.returncode == 0

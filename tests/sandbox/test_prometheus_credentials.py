@@ -22,6 +22,7 @@ import http.server
 import shutil
 import ssl
 import subprocess
+import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -37,8 +38,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from proxymode.api.models import ProxyModePolicy
+from proxymode.api.models import Analysis, ProxyModePolicy
 from proxymode.engine.observed import MODE_LABEL, NodeView, Observed
+from proxymode.kube.reconcile import Reconciler
 from proxymode.kube.rounds import OPERATOR_NAMESPACE_ENV, run_round
 from proxymode_sandbox import Sandbox
 from proxymode_sandbox.certs import CertificateAuthority
@@ -303,3 +305,32 @@ def test_the_operator_judges_a_policy_through_tls_and_basic_auth(
     assert status["phase"] == "Completed", (status.get("message"), status.get("analysis"))
     (check,) = status["analysis"]["checks"]
     assert check["verdict"] == "Pass" and check["canary"] < 1, check
+
+
+@pytest.mark.usefixtures("secrets")
+def test_prometheus_clients_are_kept_per_policy_and_leave_no_ca_file(
+    api: client.ApiClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round used to make a client (reading the Secrets again) and leave its CA file."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    unreachable = {"url": "https://127.0.0.1:1", "ca": _ref("ca.crt")}
+    _round(api, unreachable)  # a round without a kept client closes the one it made
+    assert list(tmp_path.glob("proxymode-ca-*")) == []
+
+    def analysis(prometheus: dict[str, Any]) -> Analysis:
+        spec = {
+            "prometheus": prometheus,
+            "checks": [{"name": "c", "template": "SyncLatencyP99", "maxSeconds": 1}],
+        }
+        return Analysis.model_validate(spec)
+
+    reconciler = Reconciler(api)
+    first = reconciler.prometheus("p", analysis(unreachable))
+    assert reconciler.prometheus("p", analysis(unreachable)) is first, "made again"
+    assert first.ca_file is not None and Path(first.ca_file).is_file()
+    assert len(list(tmp_path.glob("proxymode-ca-*"))) == 1
+    changed = reconciler.prometheus("p", analysis({**unreachable, "timeoutSeconds": 7}))
+    assert changed is not first, "new settings, same client"
+    assert len(list(tmp_path.glob("proxymode-ca-*"))) == 1, "the old client's CA file stayed"
+    reconciler.forget("p")
+    assert list(tmp_path.glob("proxymode-ca-*")) == []

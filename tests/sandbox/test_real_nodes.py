@@ -23,6 +23,7 @@ from kubernetes import client, config
 from proxymode_sandbox import Sandbox, SandboxConfig, evidence, netns, process
 from proxymode_sandbox.services import ECHO_CLUSTER_IP
 from tests.sandbox.harness import Policies, eventually
+from tests.sandbox.reach import MoveClock
 
 pytestmark = [pytest.mark.sandbox]
 SERVICES = 100
@@ -161,7 +162,8 @@ def test_iptables_mode_programs_every_service_and_echo_answers_from_every_node(
             what=f"KUBE-SVC chains for {SERVICES + 1} Services on {node}",
         )
         assert chains == SERVICES + 1  # echo and svc-00001..00100, one port each
-        assert any_kube_svc_chains(real, node) == SERVICES + 1  # default/kubernetes: no endpoints
+        # and default/kubernetes: its EndpointSlice is the API server's forwarder
+        assert any_kube_svc_chains(real, node) == SERVICES + 2
         nat = real.exec(node, ["iptables-save", "-t", "nat"]).stdout
         assert ":KUBE-SERVICES" in nat
         assert f"-d {ECHO_CLUSTER_IP}/32" in nat
@@ -225,6 +227,15 @@ def test_rollback_from_nftables_restores_iptables_rules_on_real_nodes(
         status = policies.wait_phase(name, "RolledBack", "Failed", timeout=180)
         assert status["phase"] == "RolledBack", status.get("message")
         _assert_iptables_everywhere(real)
+        # The canary proved each move: in nftables, then back in iptables (issue 11).
+        latest = status["verification"]["latest"]
+        assert [(v["node"], v["mode"], v["direction"], v["verified"]) for v in latest] == [
+            ("canary-1", "nftables", "Forward", True),
+            ("canary-1", "iptables", "Back", True),
+        ], latest
+        assert "0 iptables KUBE-SVC chains" in latest[0]["summary"], latest[0]
+        assert "kubernetes:443 reachable" in latest[1]["summary"], latest[1]
+        assert not status["verification"]["failures"]
     finally:
         policies.delete_all()
         real.stop_operator()
@@ -263,6 +274,46 @@ def test_an_override_the_real_kube_proxy_rejects_crash_loops_the_canary_and_roll
     finally:
         policies.delete_all()
         real.stop_operator()
+
+
+def test_a_blackholed_real_node_fails_verification_and_the_policy_rolls_back_naming_it(
+    real: Sandbox, real_api: client.ApiClient
+) -> None:
+    """issue 11: a host firewall that drops Service traffic (``blackhole``) leaves the
+    canary Ready but unable to reach a Service: its verification fails and names it."""
+    policies = Policies(real_api)
+    real.start_operator()
+    fault = "sandbox.proxymode.io/fault"
+    try:
+        real.kubectl("annotate", "node", "canary-1", f"{fault}=blackhole", "--overwrite")
+        eventually(lambda: curl_echo(real, "canary-1") == "", timeout=30, what="the blackhole")
+        name = policies.create(
+            "kube-system",
+            stages=[
+                {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}},
+                {"name": "all", "percent": 100},
+            ],
+            verify={"timeoutSeconds": 20},
+        )
+        status = policies.wait_phase(name, "RolledBack", "Failed", "Completed", timeout=240)
+        assert status["phase"] == "RolledBack", status.get("message")
+        assert status["rollbackReason"] == "NodeNotVerified", status["rollbackReason"]
+        message = status["rollbackMessage"]
+        assert "node canary-1 failed verification in nftables mode" in message, message
+        assert "default/kubernetes:443 timed out" in message, message
+        first = status["verification"]["failures"][0]
+        assert (first["node"], first["mode"], first["verified"]) == ("canary-1", "nftables", False)
+        events = real.kubectl(
+            "get", "events", "-A", "--field-selector=reason=NodeNotVerified", "-o", "name"
+        ).stdout  # fmt: skip
+        assert events.strip(), "no NodeNotVerified Event"
+        for node in ("general-1", "general-2"):  # never moved
+            assert nft_services(real, node) is None, node
+    finally:
+        real.kubectl("annotate", "node", "canary-1", f"{fault}-", check=False)
+        policies.delete_all()
+        real.stop_operator()
+    _assert_iptables_everywhere(real)
 
 
 def test_faults_on_a_real_node_are_real(real: Sandbox, real_api: client.ApiClient) -> None:
@@ -314,13 +365,24 @@ def test_operator_migrates_real_nodes_to_nftables_while_echo_answers(
     operator = real.start_operator()
     prober = EchoProber(real, nodes)
     prober.start()
+    clock: MoveClock | None = None
     try:
         name = policies.create("kube-system", readyTimeoutSeconds=90)
+        clock = MoveClock(real_api, policies, name)
+        clock.start()
         status = policies.wait_phase(name, "Completed", "Failed", "RolledBack", timeout=300)
         report = prober.stop()
+        clock.halt.set()
+        moves = ", ".join(f"{n} {t:.1f}s" for n, t in sorted(clock.per_node().items()))
         print(f"iptables -> nftables over {len(nodes)} real nodes: {report}")
+        print(f"{SERVICES} Services: switching -> verified per node: {moves}")
         assert status["phase"] == "Completed", (status.get("message"), report)
         eventually(lambda: policies.status(name).get("finalized") is True, timeout=60)
+        # Every node proved its switch and its hand-back, in nftables (issue 11).
+        verification = policies.status(name)["verification"]
+        assert (verification["verified"], verification["failed"]) == (2 * len(nodes), 0)
+        assert all(v["mode"] == "nftables" and v["verified"] for v in verification["latest"])
+        print(f"verifications: {[(v['node'], v['summary']) for v in verification['latest']]}")
         for node in nodes:
             count = eventually(
                 lambda n=node: (c := nft_services(real, n)) is not None and c > SERVICES and c,
@@ -335,6 +397,8 @@ def test_operator_migrates_real_nodes_to_nftables_while_echo_answers(
         assert prober.probes >= 3 * len(nodes)
     finally:
         prober.halt.set()
+        if clock is not None:
+            clock.halt.set()
         policies.delete_all()
         real.stop_operator()
         print(process.log_tail(operator.log, 30))

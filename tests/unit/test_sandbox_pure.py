@@ -87,12 +87,15 @@ def test_a_sandbox_picks_a_node_network_nobody_serves(
 ) -> None:
     """Node addresses whose metrics port is taken (another sandbox) are skipped, and the
     choice is kept for the sandbox's life."""
-    monkeypatch.delenv("PROXYMODE_SANDBOX_NODE_NET", raising=False)
+    # Three networks outside the default fifty (127.0.10.-127.0.59.): the sandboxes other
+    # test workers start at the same time pick from those and would take ``first`` under us.
+    monkeypatch.setenv("PROXYMODE_SANDBOX_NODE_NET", "127.0.210.-127.0.212.")
     for d in "abc":
         (tmp_path / d).mkdir()
     first = Sandbox(SandboxConfig(state_dir=tmp_path / "a"))._node_net()
     with socket.socket() as taken:
         taken.bind((f"{first}1", 10249))
+        assert first == "127.0.210."
         taken.listen()
         box = Sandbox(SandboxConfig(state_dir=tmp_path / "b"))
         second = box._node_net()
@@ -119,15 +122,16 @@ def test_two_sandboxes_started_at_once_never_share_a_node_network(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Parallel test workers pick at the same instant, before any simulator listens: the
-    lock, not the port probe, keeps them apart; it goes with the sandbox."""
-    monkeypatch.setenv("PROXYMODE_SANDBOX_NODE_NET", "127.0.58.-127.0.59.")
+    lock, not the port probe, keeps them apart; it goes with the sandbox. Networks outside
+    the default fifty, which other workers' sandboxes use."""
+    monkeypatch.setenv("PROXYMODE_SANDBOX_NODE_NET", "127.0.220.-127.0.221.")
     for d in "abc":
         (tmp_path / d).mkdir()
     a = Sandbox(SandboxConfig(state_dir=tmp_path / "a"))
     b = Sandbox(SandboxConfig(state_dir=tmp_path / "b"))
-    assert {a._node_net(), b._node_net()} == {"127.0.58.", "127.0.59."}
+    assert {a._node_net(), b._node_net()} == {"127.0.220.", "127.0.221."}
     held = node_net_lock(a._node_net())
     assert held is None, "another process's (or object's) lock is exclusive"
     a.down()
     again = Sandbox(SandboxConfig(state_dir=tmp_path / "c"))._node_net()
-    assert again == "127.0.58.", "down() hands the network back"
+    assert again == "127.0.220.", "down() hands the network back"

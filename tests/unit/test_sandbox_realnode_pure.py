@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -11,7 +12,13 @@ import yaml
 
 from proxymode_sandbox import kubeadm_proxy, netns, services
 from proxymode_sandbox.cluster import _third_octet
-from proxymode_sandbox.podspec import NodeInfo, PodSpecError, prepare
+from proxymode_sandbox.podspec import (
+    NodeInfo,
+    PodSpecError,
+    prepare,
+    termination_log,
+    termination_message,
+)
 
 
 def test_names_are_unique_per_sandbox_and_fit_the_kernel_limit(tmp_path: Path) -> None:
@@ -118,3 +125,25 @@ def test_prepare_refuses_what_it_cannot_run(tmp_path: Path) -> None:
     node = NodeInfo("n", "ns", "10.250.24.11", tmp_path)
     with pytest.raises(PodSpecError, match="no command"):
         prepare(_Core(), _pod(), node, tmp_path / "pod", tmp_path)
+
+
+def test_the_verification_job_runs_from_the_venv_and_reports_a_termination_message(
+    tmp_path: Path,
+) -> None:
+    """issue 11: ``proxymode`` (not a sandbox binary) runs from the project's venv; the
+    container's termination-message path is the pod's own file, read back on exit."""
+    (tmp_path / "bin").mkdir()
+    node = NodeInfo("general-1", "pm-abcde-general-1", "10.250.24.11", tmp_path / "node")
+    pod = _pod(command=["proxymode", "verify-node", "--mode=nftables"])
+    launch = prepare(_Core(), pod, node, tmp_path / "pod", tmp_path / "bin")
+    assert launch.argv[-3:] == [str(Path(sys.executable).parent / "proxymode"), "verify-node",
+                                "--mode=nftables"]  # fmt: skip
+    script = launch.argv[launch.argv.index("-c") + 1]
+    assert f"mount --bind {termination_log(tmp_path / 'pod')} /dev/termination-log" in script
+    container: dict[str, Any] = {"terminationMessagePolicy": "FallbackToLogsOnError"}
+    assert termination_message(tmp_path / "pod", container, 1) == ""  # no file, no log yet
+    (tmp_path / "pod" / "container.log").write_text("Traceback: boom\n")
+    assert termination_message(tmp_path / "pod", container, 1) == "Traceback: boom\n"
+    assert termination_message(tmp_path / "pod", {}, 1) == ""  # File policy: the file only
+    termination_log(tmp_path / "pod").write_text('{"v":1,"ok":true}' + "x" * 5000)
+    assert len(termination_message(tmp_path / "pod", container, 0)) == 4096

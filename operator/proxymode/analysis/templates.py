@@ -194,3 +194,27 @@ def _builtin(template: Template, m: str, window: str, node: str) -> str:
         case Template.SYNC_STALENESS:
             return f"{worst} (clamp_min({LAST_QUEUED}{{{m}}} - {LAST_SYNC}{{{m}}}, 0))"
     raise ValueError(f"unknown template {template!r}")  # pragma: no cover - enum exhausted
+
+
+def series_query(template: Template, *, nodes: Sequence[str], node_label: str) -> str:
+    """PromQL giving one row per node of ``nodes`` that has the series ``template`` reads
+    (``count by (<node label>)``), for the check before any node moves. Every series here is
+    exported in every mode (the sync and network-programming histograms, the sync
+    timestamps, node_exporter's conntrack gauges), so the source nodes must have them; the
+    conntrack ratio is asked as the template divides it, so mismatched node labels between
+    the two exporters show up as missing too."""
+    m = node_matcher(nodes, node_label)
+    match template:
+        case Template.SYNC_LATENCY_P99:
+            inner = f"{SYNC_DURATION}_count{{{m}}}"
+        case Template.NETWORK_PROGRAMMING_P99:
+            inner = f"{NETWORK_PROGRAMMING}_count{{{m}}}"
+        case Template.CONNTRACK_USAGE:
+            inner = f"{CONNTRACK_ENTRIES}{{{m}}} / {CONNTRACK_LIMIT}{{{m}}}"
+        case Template.SYNC_FAILURES:
+            inner = f"{LAST_QUEUED}{{{m}}}"
+        case Template.SYNC_STALENESS:
+            inner = f"{LAST_QUEUED}{{{m}}} - {LAST_SYNC}{{{m}}}"
+        case _:  # pragma: no cover - enum exhausted
+            raise ValueError(f"unknown template {template!r}")
+    return f"count by ({node_label}) ({inner})"

@@ -91,6 +91,28 @@ class IncompatibleNodes(StrEnum):
     EXCLUDE = "Exclude"
 
 
+class SourceTemplate(StrEnum):
+    """What finalize leaves in the source DaemonSet's pod template (decision 0014).
+
+    ``KeepExclusionTerm``: the template the nodes were handed back to, which is the original
+    plus ``proxymode.io/mode NotIn [<target>, switching]`` in its required node affinity (a
+    term every node matches once the labels are gone): putting the update strategy back
+    changes nothing the DaemonSet controller rolls, so each kube-proxy starts twice in the
+    whole migration. ``Exact``: the original affinity back too, which is one more rolling
+    restart of every kube-proxy (three starts).
+    """
+
+    KEEP_EXCLUSION_TERM = "KeepExclusionTerm"
+    EXACT = "Exact"
+
+
+class ManagedAddon(StrEnum):
+    """What to do when a platform (EKS, AKS, the addon manager) reconciles kube-proxy back."""
+
+    REFUSE = "Refuse"
+    PROCEED = "Proceed"
+
+
 class Phase(StrEnum):
     """The policy's phase: a summary derived from status for printer columns and Argo CD."""
 

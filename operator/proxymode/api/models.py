@@ -9,11 +9,15 @@ stored before a CRD upgrade). A shared corpus of invalid specs tests both.
 
 Field names are camelCase on the wire (``alias``) and snake_case in Python.
 
-The models live in ``base`` (names, bounds, enums), ``spec`` and ``status``; this module is
+The models live in ``base`` (names, bounds, enums), ``checks`` (the analysis), ``spec`` and
+``status``; this module is
 the one import path for all of them.
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Mapping
 
 from proxymode.api.base import (
     DNS_LABEL,
@@ -34,34 +38,40 @@ from proxymode.api.base import (
     VERSION,
     ApiModel,
     IncompatibleNodes,
+    ManagedAddon,
     OnNoData,
     Phase,
     ProxyMode,
     Severity,
+    SourceTemplate,
     StagePhase,
     StatusModel,
     Template,
     Verdict,
     cel,
 )
-from proxymode.api.spec import (
+from proxymode.api.checks import (
     Analysis,
     BasicAuth,
     Check,
+    MannWhitney,
+    Name,
+    PrometheusSource,
+    SecretKeyRef,
+)
+from proxymode.api.spec import (
     KubeProxyRef,
     LabelKey,
     LabelSelector,
     LabelSelectorRequirement,
     LabelValue,
-    MannWhitney,
-    Name,
     PolicySpec,
-    PrometheusSource,
     Rollback,
-    SecretKeyRef,
     Stage,
+    Verify,
 )
 from proxymode.api.status import (
+    MAX_VERIFICATIONS,
     AnalysisStatus,
     BackupRef,
     Baseline,
@@ -72,10 +82,12 @@ from proxymode.api.status import (
     HistoryEntry,
     Move,
     MoveDirection,
+    NodeVerification,
     PolicyStatus,
     Preflight,
     ProxyModePolicy,
     StageStatus,
+    VerificationStatus,
 )
 
 __all__ = [
@@ -88,6 +100,7 @@ __all__ = [
     "MAX_NAME",
     "MAX_NODES_IN_STATUS",
     "MAX_STAGES",
+    "MAX_VERIFICATIONS",
     "PERCENT",
     "PLURAL",
     "SECONDS_TEMPLATES",
@@ -113,10 +126,12 @@ __all__ = [
     "LabelSelector",
     "LabelSelectorRequirement",
     "LabelValue",
+    "ManagedAddon",
     "MannWhitney",
     "Move",
     "MoveDirection",
     "Name",
+    "NodeVerification",
     "OnNoData",
     "Phase",
     "PolicySpec",
@@ -128,11 +143,36 @@ __all__ = [
     "Rollback",
     "SecretKeyRef",
     "Severity",
+    "SourceTemplate",
     "Stage",
     "StagePhase",
     "StageStatus",
     "StatusModel",
     "Template",
     "Verdict",
+    "VerificationStatus",
+    "Verify",
     "cel",
+    "from_wire",
 ]
+
+
+def from_wire(body: object) -> ProxyModePolicy:
+    """A ProxyModePolicy read from what the API server stores or a manifest holds, judged as
+    the API server judges it.
+
+    - By the wire (camelCase) names only: the models also take Python names
+      (``bake_seconds``) so code can build them, but the API server refuses those as unknown
+      fields (or, without strict field validation, drops them).
+    - The spec strictly, as JSON: the API server refuses ``"5"`` for an integer, ``1`` for a
+      boolean, ``1.5`` for a count, where pydantic's lax mode would coerce them, so a plan
+      made from a file could differ from what ``kubectl apply`` stores (found by the
+      generated specs, issue 15 item 2). The status, written by the operator itself, is read
+      as before.
+    """
+    if isinstance(body, Mapping):
+        wire = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+        ProxyModePolicy.model_validate_json(
+            json.dumps(wire, default=str), strict=True, by_alias=True, by_name=False
+        )
+    return ProxyModePolicy.model_validate(body, by_alias=True, by_name=False)

@@ -33,6 +33,8 @@ class PauseReason(StrEnum):
     """A moved kube-proxy restarts or stays not Ready, with ``rollback.automatic: false``."""
     FINALIZE_STUCK = "FinalizeStuck"
     """Handing a node back to the source DaemonSet failed during Finalizing."""
+    NODE_NOT_VERIFIED = "NodeNotVerified"
+    """A moved node failed verification, with ``rollback.automatic: false``."""
 
 
 class RollbackReason(StrEnum):
@@ -49,6 +51,9 @@ class RollbackReason(StrEnum):
     """``failureLimit`` analysis rounds in a row failed."""
     NO_DATA = "NoData"
     """``inconclusiveLimit`` rounds without data and ``onNoData: Rollback``."""
+    NODE_NOT_VERIFIED = "NodeNotVerified"
+    """A moved node failed verification: no full sync, the old mode's rules left, the new
+    mode's missing, or the verification Service unreachable from it (``spec.verify``)."""
 
 
 class FailureReason(StrEnum):
@@ -111,6 +116,14 @@ class EventReason(StrEnum):
     ACTION_IGNORED = "ActionIgnored"
     """A one-shot ``abort``, ``resume`` or ``retry`` the phase cannot honour: refused out
     loud (Warning) and removed, never remembered."""
+    HAND_SET_LABEL = "HandSetLabel"
+    """A node of a stage not yet started carries the target ``proxymode.io/mode`` label
+    that this policy did not set (Warning): it is walked back, with its cleanup, and moves
+    again with its stage, instead of being trusted as a finished move."""
+    NODE_VERIFIED = "NodeVerified"
+    """A moved node proved its kube-proxy: first sync, rules, the Service (with figures)."""
+    NODE_NOT_VERIFIED = "NodeNotVerified"
+    """A moved node failed verification (Warning), naming what was found."""
 
 
 class ConditionReason(StrEnum):

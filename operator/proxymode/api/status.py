@@ -43,6 +43,11 @@ class StageStatus(StatusModel):
     phase: StagePhase = StagePhase.PENDING
     nodes: Annotated[list[str], Field(max_length=MAX_NODES_IN_STATUS)] = Field(default_factory=list)
     nodes_done: int = 0
+    moved: Annotated[list[str] | None, Field(max_length=MAX_NODES_IN_STATUS)] = None
+    """The nodes of this stage that a move of this policy put on the target. A node on the
+    target label that is not here got it from someone else (no cleanup ran, the old proxy
+    may have overlapped) and is moved again. ``None``: the status was written before this
+    field existed, and every node on the target is trusted as it was then."""
     started_time: datetime | None = None
     baked_since: datetime | None = None
     completed_time: datetime | None = None
@@ -68,6 +73,11 @@ class Baseline(StatusModel):
     endpoint_slices: int | None = None
     nodes: int | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
+    provisional: list[str] = Field(default_factory=list)
+    """Checks whose value in ``metrics`` came from source kube-proxies still settling (one
+    started less than ``warmupSeconds + windowSeconds`` before the round): slow first syncs
+    would make ``maxRatioToBaseline`` lenient, so each later round replaces it, until one
+    from settled proxies keeps it."""
     recorded_time: datetime | None = None
 
 
@@ -128,6 +138,36 @@ class Move(StatusModel):
     since: datetime
 
 
+MAX_VERIFICATIONS = 5
+"""How many verifications status keeps in each list (the latest, the failing ones)."""
+
+
+class NodeVerification(StatusModel):
+    """One node's verification, as its Job reported it."""
+
+    node: str
+    time: datetime
+    verified: bool
+    mode: str = ""
+    direction: MoveDirection | None = None
+    summary: str = Field(default="", max_length=1024)
+    first_sync_seconds: float | None = None
+    probe_millis: float | None = None
+
+
+class VerificationStatus(StatusModel):
+    """Counts of this run's node verifications, the latest ones and the failing ones."""
+
+    verified: int = 0
+    failed: int = 0
+    latest: Annotated[list[NodeVerification], Field(max_length=MAX_VERIFICATIONS)] = Field(
+        default_factory=list
+    )
+    failures: Annotated[list[NodeVerification], Field(max_length=MAX_VERIFICATIONS)] = Field(
+        default_factory=list
+    )
+
+
 class BackupRef(StatusModel):
     """Where the snapshot of everything the operator changes is kept."""
 
@@ -170,6 +210,7 @@ class PolicyStatus(StatusModel):
     message: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
     history: list[HistoryEntry] = Field(default_factory=list)
+    verification: VerificationStatus | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -19,83 +19,29 @@ kernels) and a starter ProxyModePolicy. ipvs is never recommended where it is de
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxymode.api import models
+
+# The inventory types live in their own module; advise's callers know them from here.
+from proxymode.cli.inventory import Inventory, Metrics, Pool, pools_of
 from proxymode.kubeproxy import (
     KubeVersion,
     ModeSupport,
-    kernel_supports,
     mode_support,
     parse_version,
 )
 from proxymode.kubeproxy.versions import IPTABLES, IPVS, NFTABLES
 
+__all__ = ["Advice", "Dimension", "Inventory", "Metrics", "Pool", "advise", "pools_of", "render"]
+
 STAY = "stay"
-POOL_LABELS = (
-    "pool",
-    "node-pool",
-    "worker.gardener.cloud/pool",
-    "cloud.google.com/gke-nodepool",
-    "eks.amazonaws.com/nodegroup",
-    "kubernetes.azure.com/agentpool",
-    "agentpool",
-)
 SYNC_P99_SLOW = 1.0  # seconds: the seeds' KubeProxyRuleSyncSlow bound
 MANY_SERVICES = 1000
 MANY_ENDPOINTS = 10000
 CONNTRACK_HIGH = 0.85
-
-
-@dataclass(frozen=True)
-class Pool:
-    """Nodes that share a pool label (or all nodes, when none has one)."""
-
-    name: str
-    label: str | None
-    nodes: tuple[str, ...]
-    kernels: tuple[str, ...]
-
-    def nftables_ok(self) -> bool | None:
-        """Every node's kernel runs nftables; None when some kernel is unknown."""
-        answers = [kernel_supports(NFTABLES, k) for k in self.kernels]
-        if any(a is False for a in answers):
-            return False
-        return None if any(a is None for a in answers) else True
-
-
-@dataclass(frozen=True)
-class Metrics:
-    """Today's numbers from Prometheus; None where nothing was measured."""
-
-    sync_p99: float | None = None
-    network_programming_p99: float | None = None
-    syncs_per_second: float | None = None
-    conntrack_max_ratio: float | None = None
-    localhost_nodeport_packets: float | None = None
-    ct_invalid_drops: float | None = None
-
-
-@dataclass(frozen=True)
-class Inventory:
-    kubernetes_version: str | None
-    kube_proxy_version: str | None
-    current_mode: str | None
-    pools: tuple[Pool, ...]
-    services_by_type: Mapping[str, int] = field(default_factory=dict)
-    endpoint_slices: int | None = None
-    endpoints: int | None = None
-    cni: str | None = None
-    metallb: bool = False
-    strict_arp: bool | None = None
-    metrics: Metrics = field(default_factory=Metrics)
-    prometheus_url: str | None = None
-
-    @property
-    def services(self) -> int:
-        return sum(self.services_by_type.values())
 
 
 @dataclass
@@ -123,34 +69,6 @@ class Advice:
             "leaveOut": self.leave_out,
             "policy": self.policy,
         }
-
-
-def pools_of(nodes: Sequence[Mapping[str, Any]]) -> tuple[Pool, ...]:
-    """Group nodes by the first pool label any node carries (``(all)`` when none does)."""
-    label = next(
-        (
-            key
-            for key in POOL_LABELS
-            if any(key in (n["metadata"].get("labels") or {}) for n in nodes)
-        ),
-        None,
-    )
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for n in nodes:
-        labels = n["metadata"].get("labels") or {}
-        groups.setdefault(labels.get(label, "(none)") if label else "(all)", []).append(n)
-    return tuple(
-        Pool(
-            name=name,
-            label=label,
-            nodes=tuple(sorted(n["metadata"]["name"] for n in members)),
-            kernels=tuple(
-                ((n.get("status") or {}).get("nodeInfo") or {}).get("kernelVersion", "")
-                for n in members
-            ),
-        )
-        for name, members in sorted(groups.items())
-    )
 
 
 def _fmt(value: float | None, unit: str = "") -> str:

@@ -58,7 +58,7 @@ def load_policy(path: str) -> ProxyModePolicy:
         )
     doc.pop("status", None)  # plan as a new run, whatever the file carries
     try:
-        return ProxyModePolicy.model_validate(doc)
+        return models.from_wire(doc)
     except ValidationError as e:
         lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
         raise ClientError(f"{path}: the policy is not valid:\n" + "\n".join(lines)) from e

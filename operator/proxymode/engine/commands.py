@@ -1,8 +1,9 @@
 """The one-shot ``proxymode.io/action`` annotation: abort, resume, promote, retry.
 
 Two looks: the first acts and stores ``handled_action``; the next (which sees that stored)
-removes the annotation. A lost status write makes the first look happen again, which is
-safe; the annotation is never removed before the action is stored.
+removes the annotation and forgets it. A lost status write makes the first look happen
+again, which is safe; the annotation is never removed before the action is stored, and the
+record goes only with the annotation, so the same action set again is a new request.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ def consume_action(look: Look) -> None:
         look.status.handled_action = None
         return
     if look.status.handled_action == action:
+        # Forgotten in the same look that removes it: a person who sets the same action
+        # again before another look (promote, stage after stage) asks anew. The removal runs
+        # before this status is stored, so a failed removal keeps the record (no second act).
         look.actions.append(ClearAction(action))
+        look.status.handled_action = None
         return
     look.status.handled_action = action
     phase = look.status.phase

@@ -114,8 +114,10 @@ class Look:
         self.status.rollback_reason = reason
         self.status.rollback_message = message
         self.status.moves = [
+            # A hand-back in flight becomes a move back too: the source ConfigMap returns
+            # to the source mode first, so the node now needs its cleanup like any other.
             m
-            if m.direction != MoveDirection.FORWARD
+            if m.direction == MoveDirection.BACK
             else Move(node=m.node, direction=MoveDirection.BACK, since=self.now)
             for m in self.status.moves
         ]

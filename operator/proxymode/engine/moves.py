@@ -20,13 +20,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from proxymode.api.models import Move, MoveDirection, StagePhase
-from proxymode.engine import objects
+from proxymode.api.models import Move, MoveDirection, NodeVerification
+from proxymode.api.reasons import RollbackReason
+from proxymode.engine import jobs, verify
 from proxymode.engine.actions import Action, CreateJob, DeleteObject, SetNodeMode
 from proxymode.engine.look import Look
-from proxymode.engine.observed import SWITCHING, Object, Observed, ProxyKind
+from proxymode.engine.observed import SWITCHING, CleanupJobView, Object, Observed, ProxyKind
 from proxymode.engine.planner import max_unavailable_count
 from proxymode.kubeproxy import cleanup_needed
+
+DEFAULT_GRACE_SECONDS = 30
+STALE_JOB_MARGIN_SECONDS = 30
+"""A cleanup Job created more than this before its move started is a leftover (the node
+re-registered under the same name), not this move's: it is deleted and run again. The
+margin absorbs clock skew between the operator and the API server."""
+
+
+def cleanup_deadline(ready_timeout_seconds: int) -> int:
+    """The cleanup Job's ``activeDeadlineSeconds``: ``kube-proxy --cleanup`` takes seconds
+    with the image already on the node; past this the Job ends Failed by itself."""
+    return max(120, 2 * ready_timeout_seconds)
 
 
 @dataclass(frozen=True)
@@ -35,8 +48,22 @@ class MoveContext:
     uid: str
     target_mode: str
     needs_cleanup: bool
-    source_daemon_set: Object
+    source_daemon_set: Object | None
+    """None when it is gone: a move that needs a cleanup Job then fails, naming it."""
     ready_timeout_seconds: int
+    namespace: str = "kube-system"
+    grace_seconds: int = DEFAULT_GRACE_SECONDS
+    """The old kube-proxy's ``terminationGracePeriodSeconds``: what it may take to go."""
+    source_mode: str = "iptables"
+    verify: verify.Settings | None = None
+    """How to verify a node once its new kube-proxy is Ready; None: Ready is enough."""
+
+    @property
+    def switch_deadline(self) -> int:
+        """How long a node may stay at ``switching``: the old pod's grace period plus
+        ``readyTimeoutSeconds``, plus the cleanup Job's own deadline when it needs one."""
+        extra = cleanup_deadline(self.ready_timeout_seconds) if self.needs_cleanup else 0
+        return self.grace_seconds + self.ready_timeout_seconds + extra
 
 
 @dataclass
@@ -46,6 +73,22 @@ class MoveStep:
     actions: list[Action] = field(default_factory=list)
     done: bool = False
     failure: str | None = None
+    unverified: bool = False
+    """The failure is a failed verification (a breach of its own reason)."""
+    record: NodeVerification | None = None
+
+
+class MoveFailure(str):
+    """A move's failure, said for people, with what kind of failure it is for the reason."""
+
+    unverified: bool = False
+
+
+def failure_reason(failure: str) -> RollbackReason:
+    """The rollback (or pause) reason of a failure ``drive`` returned."""
+    if isinstance(failure, MoveFailure) and failure.unverified:
+        return RollbackReason.NODE_NOT_VERIFIED
+    return RollbackReason.KUBE_PROXY_UNHEALTHY
 
 
 def final_label(direction: MoveDirection | str, target_mode: str) -> str | None:
@@ -79,29 +122,69 @@ def _from_switching(
     move: Move, observed: Observed, ctx: MoveContext, final: str | None, cleanup: bool
 ) -> MoveStep:
     result = MoveStep()
-    if observed.pods_on(move.node):
-        return result  # the old kube-proxy is still terminating: never two at once
-    if cleanup:
-        job = observed.job_on(move.node)
-        if job is None:
-            result.actions.append(
-                CreateJob(
-                    objects.cleanup_job(ctx.policy, ctx.uid, ctx.source_daemon_set, move.node)
-                )
-            )
-            return result
-        if job.failed:
+    waited = (observed.now - move.since).total_seconds()
+    late = waited > ctx.switch_deadline
+    if pods := observed.pods_on(move.node):
+        if late:  # the old kube-proxy is still terminating: never two at once
             result.failure = (
-                f"the cleanup Job {job.name} failed on node {move.node}; the node is left"
-                " between proxies (label switching) for a person to inspect"
+                f"node {move.node} is stuck switching: its old kube-proxy pod {pods[0].name}"
+                f" has not gone {waited:.0f}s after the move started (limit"
+                f" {ctx.switch_deadline}s); the node is left without a kube-proxy"
             )
-            return result
-        if not job.succeeded:
-            return result
-        namespace = ctx.source_daemon_set["metadata"]["namespace"]
-        result.actions.append(DeleteObject("batch/v1", "Job", namespace, job.name))
+        return result
+    if cleanup and not _cleaned(move, observed, ctx, result, late):
+        return result
     result.actions.append(SetNodeMode(move.node, final, expect=SWITCHING))
     return result
+
+
+def _cleaned(
+    move: Move, observed: Observed, ctx: MoveContext, result: MoveStep, late: bool
+) -> bool:
+    """Step the node's cleanup Job; True once it has succeeded (and is asked to go)."""
+    waited = (observed.now - move.since).total_seconds()
+    job = observed.job_on(move.node)
+    if job is not None and _stale(job, move):
+        result.actions.append(DeleteObject("batch/v1", "Job", ctx.namespace, job.name))
+        return False  # a leftover of an earlier move: run a fresh one once it is gone
+    if job is None:
+        if ctx.source_daemon_set is None:
+            result.failure = (
+                f"the source kube-proxy DaemonSet in {ctx.namespace} is gone: no cleanup"
+                f" Job can be made for node {move.node} (label switching)"
+            )
+            return False
+        job_body = jobs.cleanup_job(
+            ctx.policy,
+            ctx.uid,
+            ctx.source_daemon_set,
+            move.node,
+            cleanup_deadline(ctx.ready_timeout_seconds),
+        )
+        result.actions.append(CreateJob(job_body))
+        return False
+    if job.failed:
+        result.failure = (
+            f"the cleanup Job {job.name} failed on node {move.node}; the node is left"
+            " between proxies (label switching) for a person to inspect"
+        )
+        return False
+    if not job.succeeded:
+        if late:
+            result.failure = (
+                f"node {move.node} is stuck switching: the cleanup Job {job.name} has not"
+                f" finished {waited:.0f}s after the move started (limit"
+                f" {ctx.switch_deadline}s)"
+            )
+        return False
+    result.actions.append(DeleteObject("batch/v1", "Job", ctx.namespace, job.name))
+    return True
+
+
+def _stale(job: CleanupJobView, move: Move) -> bool:
+    if job.created is None:
+        return False
+    return (move.since - job.created).total_seconds() > STALE_JOB_MARGIN_SECONDS
 
 
 def _arriving(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
@@ -110,14 +193,48 @@ def _arriving(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
         p for p in observed.pods_on(move.node, arrived_kind(move.direction)) if not p.terminating
     ]
     if pods and all(p.ready for p in pods):
-        result.done = True
+        if ctx.verify is None:
+            result.done = True
+            return result
+        born = [p.created for p in pods if p.created is not None]
+        outcome = verify.step(
+            move.node,
+            move.direction,
+            pod_born=max(born) if born else None,
+            observed=observed,
+            policy=(ctx.policy, ctx.uid, ctx.namespace),
+            mode_pair=(ctx.source_mode, ctx.target_mode),
+            settings=ctx.verify,
+            source=ctx.source_daemon_set,
+        )
+        result.actions.extend(outcome.actions)
+        result.done, result.record = outcome.verified, outcome.record
+        result.failure, result.unverified = outcome.failure, outcome.failure is not None
         return result
-    waited = (observed.now - move.since).total_seconds()
-    if waited > ctx.ready_timeout_seconds:
-        what = f"pod {pods[0].name}" if pods else "no pod"
+    crashed = [p for p in pods if p.restarts > 0 and not p.ready]
+    if crashed and move.direction == MoveDirection.FORWARD:
+        # A new kube-proxy that exits before it is ever Ready (CrashLoopBackOff: a mode the
+        # kernel lacks, a config it refuses) will not mend by waiting out the ready timeout;
+        # a moved node whose proxy restarts fails the run all the same (health_failure).
+        pod = crashed[0]
         result.failure = (
-            f"kube-proxy on node {move.node} is not Ready {waited:.0f}s after the move"
-            f" started ({what}; limit {ctx.ready_timeout_seconds}s)"
+            f"kube-proxy pod {pod.name} on node {move.node} restarted {pod.restarts} times"
+            " before it was ever Ready"
+        )
+        return result
+    # The readiness clock starts when the new pod appears, not at the move's start: the old
+    # pod's termination (and the cleanup) have their own deadline, at switching.
+    born = [p.created for p in pods if p.created is not None]
+    if born:
+        waited, limit = (observed.now - max(born)).total_seconds(), ctx.ready_timeout_seconds
+    else:
+        waited = (observed.now - move.since).total_seconds()
+        limit = ctx.switch_deadline + ctx.ready_timeout_seconds
+    if waited > limit:
+        what = f"pod {pods[0].name}" if pods else "no pod was created"
+        result.failure = (
+            f"kube-proxy on node {move.node} is not Ready {waited:.0f}s after it started"
+            f" ({what}; limit {limit}s)"
         )
     return result
 
@@ -146,9 +263,18 @@ def context(look: Look) -> MoveContext:
         uid=look.uid,
         target_mode=look.target_mode,
         needs_cleanup=cleanup_needed(source_mode, look.target_mode),
-        source_daemon_set=look.obs.source_daemon_set or {},
+        source_daemon_set=look.obs.source_daemon_set,
         ready_timeout_seconds=look.spec.ready_timeout_seconds,
+        namespace=look.spec.kube_proxy.namespace,
+        grace_seconds=_grace(look.obs.source_daemon_set),
+        source_mode=verify.source_running_mode(look, source_mode),
+        verify=verify.settings(look),
     )
+
+
+def _grace(source: Object | None) -> int:
+    pod_spec = ((source or {}).get("spec") or {}).get("template", {}).get("spec", {})
+    return int(pod_spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
 
 
 def budget(look: Look) -> int:
@@ -171,27 +297,42 @@ def adopt_orphans(look: Look, direction: MoveDirection) -> None:
             moving.add(name)
 
 
-def drive(look: Look, direction: MoveDirection = MoveDirection.FORWARD) -> str | None:
+def drive(look: Look, direction: MoveDirection = MoveDirection.FORWARD) -> MoveFailure | None:
     """Step every move; returns the first failure, if any."""
     adopt_orphans(look, direction)
     ctx = context(look)
     keep: list[Move] = []
-    failure = None
+    failure: MoveFailure | None = None
     for move in look.status.moves:
         result = step(move, look.obs, ctx)
         look.actions.extend(result.actions)
+        if result.record is not None:
+            verify.record(look, result.record)
         if result.failure and failure is None:
-            failure = result.failure
+            failure = MoveFailure(result.failure)
+            failure.unverified = result.unverified
         if not result.done:
             keep.append(move)
+        elif result.failure is None and move.direction == MoveDirection.FORWARD:
+            _record_moved(look, move.node)
     look.status.moves = keep
     if keep:
         look.soon(2)
     return failure
 
 
-def start_moves(look: Look, candidates: list[str], direction: MoveDirection) -> None:
+def start_moves(
+    look: Look, candidates: list[str], direction: MoveDirection, through_switching: bool = False
+) -> list[str]:
     """Start moves for ``candidates`` in order while the budget allows.
+
+    ``through_switching``: the nodes already carry the label the move ends at, but their
+    kube-proxy is not the right one (it read the wrong ConfigMap, or a person set the
+    label by hand): each goes through ``switching`` anyway, so its proxy restarts (after
+    its cleanup, where the pair needs one).
+
+    Returns the nodes that hold the budget when it stops a candidate (down, not moving),
+    so the status can name them; empty when nothing waits on the budget.
 
     The budget is counted from the world, not from ``status.moves`` alone, so a lost
     status write never lets more nodes go down than ``maxUnavailable``:
@@ -214,38 +355,20 @@ def start_moves(look: Look, candidates: list[str], direction: MoveDirection) -> 
         if node in moving or look.obs.node(node) is None:
             continue
         if len(down) >= limit:
-            break
+            return sorted(down - {m.node for m in look.status.moves})
         look.status.moves.append(start(node, direction, look.now))
         down.add(node)
-        first = step(look.status.moves[-1], look.obs, context(look))
-        look.actions.extend(first.actions)
+        label = view.mode_label if (view := look.obs.node(node)) else None
+        if through_switching and label == final_label(direction, look.target_mode):
+            look.actions.append(SetNodeMode(node, SWITCHING, expect=label))
+        else:
+            look.actions.extend(step(look.status.moves[-1], look.obs, context(look)).actions)
         look.soon(2)
+    return []
 
 
-def health_failure(look: Look) -> str | None:
-    """A moved node whose target kube-proxy restarts or stays not Ready."""
-    timeout = look.spec.ready_timeout_seconds
-    moving = {m.node for m in look.status.moves}
-    for name in look.planned():
-        node = look.obs.node(name)
-        if node is None or node.mode_label != look.target_mode or name in moving:
-            continue
-        for pod in look.obs.pods_on(name):
-            where = f"kube-proxy pod {pod.name} on node {name}"
-            if pod.restarts > 0:
-                return f"{where} restarted {pod.restarts} times"
-            age = (look.now - pod.created).total_seconds() if pod.created else 0.0
-            if not pod.ready and not pod.terminating and age > timeout:
-                return f"{where} is not Ready {age:.0f}s after it started"
-    return None
-
-
-def forward_todo(look: Look, started_only: bool = True) -> list[str]:
-    """Planned nodes (of started stages) not yet on the target mode."""
-    stages = [s for s in look.status.stages if not started_only or s.phase != StagePhase.PENDING]
-    return [
-        n
-        for s in stages
-        for n in s.nodes
-        if (node := look.obs.node(n)) is not None and node.mode_label != look.target_mode
-    ]
+def _record_moved(look: Look, node: str) -> None:
+    """A finished forward move: the node's target label is this policy's doing."""
+    for stage in look.status.stages:
+        if node in stage.nodes and stage.moved is not None and node not in stage.moved:
+            stage.moved.append(node)

@@ -38,6 +38,15 @@ BACKUP_CONFIG_MAP = "configmap.json"
 BACKUP_NODES = "nodes.json"
 BACKUP_RUN = "run"
 JOB_NODE_LABEL = "proxymode.io/node"
+"""On the operator's Jobs and their pods: the node, as a label value (for people's selectors).
+A node name may be 253 characters, a label value 63: a longer one is shortened with a hash
+(``naming.label_value``) and the exact name is in the annotation of the same key, which is
+what the operator reads back."""
+JOB_NODE_ANNOTATION = "proxymode.io/node"
+STRATEGY_ANNOTATION = "proxymode.io/original-update-strategy"
+"""Set on the source DaemonSet by the source patch: its update strategy before ``OnDelete``,
+so the operator's own patch can be undone even when the backup ConfigMap is lost."""
+DEFAULT_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
 _SERVER_FIELDS = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields")
 
 
@@ -61,6 +70,23 @@ _TRACKING_LABELS = ("app.kubernetes.io/instance", "argocd.argoproj.io/instance",
 def _labels(policy: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     kept = {k: v for k, v in (extra or {}).items() if k not in _TRACKING_LABELS}
     return {**kept, "app.kubernetes.io/managed-by": MANAGED_BY, POLICY_LABEL: policy}
+
+
+def job_node_metadata(
+    policy: str, node: str, extra: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A Job's (or its pod's) labels and annotations naming ``node`` (see JOB_NODE_LABEL)."""
+    return {
+        "labels": _labels(policy, {JOB_NODE_LABEL: naming.label_value(node), **(extra or {})}),
+        "annotations": {JOB_NODE_ANNOTATION: node},
+    }
+
+
+def job_node(meta: Mapping[str, Any]) -> str:
+    """The node a Job of the operator is for, from its metadata (annotation, else label)."""
+    annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    return str(annotations.get(JOB_NODE_ANNOTATION) or labels.get(JOB_NODE_LABEL, ""))
 
 
 def _clean_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -91,15 +117,23 @@ def target_config_map(
     }
 
 
-def _strip_mode_expressions(affinity: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The affinity without any ``proxymode.io/mode`` expression (ours, from a patch)."""
+def _strip_mode_expressions(
+    affinity: Mapping[str, Any] | None, only: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The affinity without ``proxymode.io/mode`` expressions: every one, or ``only`` that
+    one (the source keeps another policy's exclusion: dropping it would bring the source
+    kube-proxy back onto that policy's nodes, next to its target kube-proxy)."""
     result: dict[str, Any] = copy.deepcopy(dict(affinity or {}))
     required = result.get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution")
     if not required:
         return result
     terms = []
     for term in required.get("nodeSelectorTerms", []):
-        exprs = [e for e in term.get("matchExpressions", []) if e.get("key") != MODE_LABEL]
+        exprs = [
+            e
+            for e in term.get("matchExpressions", [])
+            if e.get("key") != MODE_LABEL or (only is not None and e != only)
+        ]
         new_term = {**term, "matchExpressions": exprs}
         if not exprs:
             del new_term["matchExpressions"]
@@ -115,15 +149,19 @@ def _strip_mode_expressions(affinity: Mapping[str, Any] | None) -> dict[str, Any
 
 
 def with_mode_requirement(
-    affinity: Mapping[str, Any] | None, operator: str, values: Sequence[str]
+    affinity: Mapping[str, Any] | None,
+    operator: str,
+    values: Sequence[str],
+    keep_others: bool = False,
 ) -> dict[str, Any]:
     """``affinity`` with ``proxymode.io/mode <operator> <values>`` ANDed into every term.
 
     Required node-affinity terms are ORed, their expressions ANDed, so the requirement is
-    added to each term (or becomes the only term when there is none).
+    added to each term (or becomes the only term when there is none). Other mode
+    expressions go, unless ``keep_others`` (the source patch: each only excludes more).
     """
-    result = _strip_mode_expressions(affinity)
     requirement = {"key": MODE_LABEL, "operator": operator, "values": list(values)}
+    result = _strip_mode_expressions(affinity, requirement if keep_others else None)
     node_affinity = result.setdefault("nodeAffinity", {})
     required = node_affinity.setdefault(
         "requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": []}
@@ -150,9 +188,11 @@ def target_daemon_set(
     template = spec["template"]
     pod_meta = template.setdefault("metadata", {})
     pod_meta["labels"] = {**pod_meta.get("labels", {}), MODE_LABEL: mode}
+    # The hash covers the source template too: an edit of the source re-applies the target.
+    source_template = json.dumps(source["spec"]["template"], sort_keys=True)
     pod_meta["annotations"] = {
         **pod_meta.get("annotations", {}),
-        CONFIG_HASH_ANNOTATION: config_hash(target_config_text),
+        CONFIG_HASH_ANNOTATION: config_hash(target_config_text + source_template),
     }
     pod_spec = template["spec"]
     pod_spec["affinity"] = with_mode_requirement(pod_spec.get("affinity"), "In", [mode])
@@ -189,7 +229,7 @@ def source_patched_spec(source_spec: Mapping[str, Any], mode: str) -> dict[str, 
     spec = copy.deepcopy(dict(source_spec))
     pod_spec = spec["template"]["spec"]
     pod_spec["affinity"] = with_mode_requirement(
-        pod_spec.get("affinity"), "NotIn", [mode, SWITCHING]
+        pod_spec.get("affinity"), "NotIn", [mode, SWITCHING], keep_others=True
     )
     spec["updateStrategy"] = {"type": "OnDelete"}
     return spec
@@ -209,6 +249,56 @@ def source_is_patched(source: Object, mode: str) -> bool:
     terms = required.get("nodeSelectorTerms", [])
     want = {"key": MODE_LABEL, "operator": "NotIn", "values": [mode, SWITCHING]}
     return bool(terms) and all(want in t.get("matchExpressions", []) for t in terms)
+
+
+def _annotated(current: Object, annotations: Mapping[str, str] | None) -> dict[str, Any]:
+    meta = {} if annotations is None else {"annotations": dict(annotations)}
+    return {"metadata": meta, "spec": current["spec"]}
+
+
+def source_patch(
+    source: Object, mode: str, original_strategy: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The guarded source patch, recording the original update strategy in an annotation."""
+    annotations = source["metadata"].get("annotations")
+    want = {**(annotations or {}), STRATEGY_ANNOTATION: json.dumps(original_strategy)}
+    ops = jsonpatch.make_patch(
+        _annotated(source, annotations),
+        {"metadata": {"annotations": want}, "spec": source_patched_spec(source["spec"], mode)},
+    ).patch
+    return _guarded(source, list(ops))
+
+
+def unpatched_spec(source: Object, mode: str) -> dict[str, Any]:
+    """The source spec without the operator's own patch for ``mode`` (its mode affinity,
+    ``OnDelete``); another policy's exclusion stays."""
+    spec = copy.deepcopy(dict(source["spec"]))
+    pod_spec = spec["template"]["spec"]
+    ours = {"key": MODE_LABEL, "operator": "NotIn", "values": [mode, SWITCHING]}
+    affinity = _strip_mode_expressions(pod_spec.get("affinity"), ours)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    else:
+        pod_spec.pop("affinity", None)
+    recorded = (source["metadata"].get("annotations") or {}).get(STRATEGY_ANNOTATION)
+    if recorded:
+        spec["updateStrategy"] = json.loads(recorded)
+    elif spec.get("updateStrategy", {}).get("type") == "OnDelete":
+        spec["updateStrategy"] = copy.deepcopy(DEFAULT_STRATEGY)
+    return spec
+
+
+def marked(source: Object) -> bool:
+    return STRATEGY_ANNOTATION in (source["metadata"].get("annotations") or {})
+
+
+def restore_patch(current: Object, desired_spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A guarded patch to ``desired_spec`` that also drops the strategy annotation."""
+    annotations = current["metadata"].get("annotations")
+    kept = {k: v for k, v in (annotations or {}).items() if k != STRATEGY_ANNOTATION}
+    want = {"metadata": {"annotations": kept} if kept else {}, "spec": dict(desired_spec)}
+    ops = jsonpatch.make_patch(_annotated(current, annotations), want).patch
+    return _guarded(current, list(ops))
 
 
 def spec_patch(current: Object, desired_spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -270,56 +360,3 @@ def original_spec(backup: Mapping[str, str]) -> dict[str, Any]:
 def original_config_data(backup: Mapping[str, str]) -> dict[str, str]:
     data: dict[str, str] = json.loads(backup[BACKUP_CONFIG_MAP])["data"]
     return data
-
-
-def cleanup_job(policy: str, uid: str, source: Object, node: str) -> dict[str, Any]:
-    """A Job that runs ``kube-proxy --cleanup`` on ``node`` with the source's own image.
-
-    ``--cleanup`` removes every mode's rules (kube-proxy.md §5); it runs between the two
-    proxies, when neither runs on the node, with the privileges kube-proxy itself has.
-    """
-    pod_spec = source["spec"]["template"]["spec"]
-    container = pod_spec["containers"][0]
-    mounts = [m for m in container.get("volumeMounts", []) if m.get("name") != "kube-proxy"]
-    mount_names = {m["name"] for m in mounts}
-    volumes = [v for v in pod_spec.get("volumes", []) if v["name"] in mount_names]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": naming.cleanup_job(policy, node),
-            "namespace": source["metadata"]["namespace"],
-            "labels": _labels(policy, {JOB_NODE_LABEL: node}),
-            "ownerReferences": [owner_reference(policy, uid)],
-        },
-        "spec": {
-            "backoffLimit": 2,
-            "ttlSecondsAfterFinished": 3600,
-            "template": {
-                "metadata": {"labels": _labels(policy, {JOB_NODE_LABEL: node})},
-                "spec": {
-                    "nodeName": node,
-                    "restartPolicy": "Never",
-                    "hostNetwork": True,
-                    "priorityClassName": pod_spec.get("priorityClassName", "system-node-critical"),
-                    "tolerations": [{"operator": "Exists"}],
-                    "serviceAccountName": pod_spec.get("serviceAccountName", "kube-proxy"),
-                    "containers": [
-                        {
-                            "name": "cleanup",
-                            "image": container["image"],
-                            "command": ["/usr/local/bin/kube-proxy", "--cleanup", "--v=2"],
-                            "securityContext": {"privileged": True},
-                            "volumeMounts": mounts,
-                        }
-                    ],
-                    "volumes": volumes,
-                },
-            },
-        },
-    }
-
-
-def kube_proxy_image(source: Object) -> str:
-    containers = source["spec"]["template"]["spec"].get("containers", [])
-    return str(containers[0].get("image", "")) if containers else ""

@@ -64,16 +64,37 @@ class ProxyPod:
     restarts: int = 0
     terminating: bool = False
     created: datetime | None = None
+    ready_changed: datetime | None = None
+    """When the pod's Ready condition last changed (its ``lastTransitionTime``): a pod not
+    Ready is timed from here, so one failed probe on a pod Ready for an hour is not taken
+    for an hour of not being Ready. None: unknown (then its creation time counts)."""
+
+
+class JobKind(StrEnum):
+    """What a Job of the operator on a node is for (its ``proxymode.io/job`` label)."""
+
+    CLEANUP = "cleanup"
+    VERIFY = "verify"
+
+
+JOB_KIND_LABEL = "proxymode.io/job"
 
 
 @dataclass(frozen=True)
 class CleanupJobView:
-    """A cleanup Job the operator started on a node (iptables <-> ipvs)."""
+    """A Job the operator started on a node: a cleanup (iptables <-> ipvs) or a verification."""
 
     name: str
     node: str
     succeeded: bool = False
     failed: bool = False
+    created: datetime | None = None
+    """The Job's creation time: one older than the move it would serve is stale (left from
+    before, the node re-registered under the same name) and is never taken as its cleanup."""
+    kind: JobKind = JobKind.CLEANUP
+    """A Job without the ``proxymode.io/job`` label (made before there were two) is a cleanup."""
+    message: str = ""
+    """The termination message of the Job's latest finished pod (a verification's report)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +140,27 @@ class AnalysisRound:
 
 
 @dataclass(frozen=True)
+class CheckSeries:
+    """Which nodes Prometheus has one check's input series for, asked before any move."""
+
+    name: str
+    nodes: frozenset[str] = frozenset()
+    """Values of the node label among the series found."""
+    error: str = ""
+    """Why Prometheus could not say (unreachable, refused the query); empty when it did."""
+
+
+@dataclass(frozen=True)
+class SeriesCoverage:
+    """The adapter's look at Prometheus before the first move (issue 15): for each template
+    check, the nodes it has series for. Custom queries are not asked (they may read series
+    only the target mode exports)."""
+
+    time: datetime
+    checks: tuple[CheckSeries, ...] = ()
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything the engine decides from, taken at ``now``."""
 
@@ -139,6 +181,12 @@ class Observed:
     """A one-shot action from the ``proxymode.io/action`` annotation."""
     deleting: bool = False
     """The policy is being deleted: roll back, then let the finalizer go."""
+    series: SeriesCoverage | None = None
+    """Prometheus's series for the checks, asked while preflight runs; None: not asked."""
+    verify_image: str = ""
+    """The image the verification Job runs (the operator's own); empty: the default name."""
+    service_ips: Mapping[str, str] = field(default_factory=dict)
+    """ClusterIPs of the Services the policy needs, by ``namespace/name`` (``spec.verify``)."""
 
     # Lookups by node name, indexed once per snapshot: the engine asks them for every planned
     # node on every look, and a scan each time made a look quadratic (2.3 s at 5,000 nodes;
@@ -163,7 +211,16 @@ class Observed:
     def _jobs_by_node(self) -> dict[str, CleanupJobView]:
         index: dict[str, CleanupJobView] = {}
         for job in self.jobs:
-            index.setdefault(job.node, job)
+            if job.kind == JobKind.CLEANUP:
+                index.setdefault(job.node, job)
+        return index
+
+    @cached_property
+    def _verify_jobs_by_node(self) -> dict[str, CleanupJobView]:
+        index: dict[str, CleanupJobView] = {}
+        for job in self.jobs:
+            if job.kind == JobKind.VERIFY:
+                index.setdefault(job.node, job)
         return index
 
     def node(self, name: str) -> NodeView | None:
@@ -173,4 +230,9 @@ class Observed:
         return [p for p in self._pods_by_node.get(node, ()) if kind is None or p.kind == kind]
 
     def job_on(self, node: str) -> CleanupJobView | None:
+        """The node's cleanup Job."""
         return self._jobs_by_node.get(node)
+
+    def verify_job_on(self, node: str) -> CleanupJobView | None:
+        """The node's verification Job."""
+        return self._verify_jobs_by_node.get(node)

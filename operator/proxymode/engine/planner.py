@@ -10,7 +10,10 @@ Rules (DESIGN §4):
   nodes only. ``maxNodes`` caps a stage.
 - The order is stable and spreads a stage across zones (round-robin over zones,
   names sorted within a zone), so a canary of three lands in three zones, and the
-  same inputs always give the same plan.
+  same inputs always give the same plan. Control-plane nodes (``node-role.kubernetes.io/
+  control-plane`` or the old ``master`` role) come after every worker, so a percent stage
+  never takes one as its first canary: a control plane that loses its Service rules takes
+  the cluster's API path with it.
 - Stages already started keep their recorded nodes (``fixed``): re-planning after a
   restart, a node joining or a spec change never moves a node between started stages.
 """
@@ -45,9 +48,23 @@ class PlanNode:
     labels: Mapping[str, str] = field(default_factory=dict)
     zone: str = ""
 
+    @property
+    def control_plane(self) -> bool:
+        return any(role in self.labels for role in CONTROL_PLANE_ROLES)
+
+
+CONTROL_PLANE_ROLES = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+
 
 def zone_spread(nodes: Sequence[PlanNode]) -> list[PlanNode]:
-    """Round-robin over zones (sorted), names sorted within each zone."""
+    """Workers first, then control-plane nodes; each part round-robin over zones (sorted),
+    names sorted within each zone."""
+    workers = [n for n in nodes if not n.control_plane]
+    control = [n for n in nodes if n.control_plane]
+    return _spread(workers) + _spread(control)
+
+
+def _spread(nodes: Sequence[PlanNode]) -> list[PlanNode]:
     by_zone: dict[str, list[PlanNode]] = defaultdict(list)
     for node in sorted(nodes, key=lambda n: n.name):
         by_zone[node.zone].append(node)

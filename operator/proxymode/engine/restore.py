@@ -1,13 +1,17 @@
-"""Putting objects back: the target pair deleted, the source patched back to the snapshot.
+"""Putting objects back: the target pair deleted, the source's own affinity and strategy back.
 
-Shared by rollback (everything exactly as before) and finalize (the source's own affinity
-and update strategy back, its ConfigMap now in the target mode). Each helper asks for what
+Shared by rollback (the operator's changes undone exactly) and finalize (the same, its
+ConfigMap now in the target mode). Only what the operator changed is put back: the pod
+template's affinity and the update strategy. Whatever else a person changed on the source
+DaemonSet meanwhile (an image bump) stays (issue 9 item 15). Each helper asks for what
 differs and says whether all is already in place, so a look can stop at the first gap.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
+from typing import Any
 
 from proxymode.engine import objects
 from proxymode.engine.actions import DeleteObject, PatchObject
@@ -52,10 +56,49 @@ def delete_target_pair(look: Look) -> bool:
     return gone
 
 
-def restore_source_spec(look: Look, src_ds: Object, backup: Mapping[str, str], why: str) -> bool:
-    """Patch the source DaemonSet back to the snapshot. True when it already matches."""
-    original = objects.original_spec(backup)
-    if src_ds["spec"] == original:
+def covers(current: Any, wanted: Any) -> bool:
+    """True when ``current`` holds everything ``wanted`` says: a field the API server began
+    defaulting since the snapshot is not a difference worth patching for."""
+    if isinstance(wanted, Mapping) and isinstance(current, Mapping):
+        return all(k in current and covers(current[k], v) for k, v in wanted.items())
+    return bool(current == wanted)
+
+
+def own_spec(
+    current: Mapping[str, Any], snapshot: Mapping[str, Any], keep_template: bool = False
+) -> dict[str, Any]:
+    """``current`` with what the operator changed put back from ``snapshot``: the pod
+    template's affinity and the update strategy. The rest (a person's edits since the
+    snapshot) is kept. ``keep_template``: only the strategy, the pod template stays as it
+    is (finalize's ``KeepExclusionTerm``: nothing the DaemonSet controller would roll)."""
+    spec = copy.deepcopy(dict(current))
+    pod_spec = spec["template"]["spec"]
+    affinity = snapshot.get("template", {}).get("spec", {}).get("affinity")
+    if keep_template:
+        pass
+    elif affinity:
+        pod_spec["affinity"] = copy.deepcopy(affinity)
+    else:
+        pod_spec.pop("affinity", None)
+    strategy = snapshot.get("updateStrategy")
+    if strategy:
+        spec["updateStrategy"] = copy.deepcopy(strategy)
+    elif spec.get("updateStrategy", {}).get("type") == "OnDelete":
+        spec["updateStrategy"] = copy.deepcopy(objects.DEFAULT_STRATEGY)
+    return spec
+
+
+def restore_source_spec(
+    look: Look, src_ds: Object, backup: Mapping[str, str], why: str, keep_template: bool = False
+) -> bool:
+    """Put the source DaemonSet's affinity (unless ``keep_template``) and strategy back as
+    the snapshot had them, keeping anything else changed since. True when it matches."""
+    desired = own_spec(src_ds["spec"], objects.original_spec(backup), keep_template)
+    return _patch_source(look, src_ds, desired, why)
+
+
+def _patch_source(look: Look, src_ds: Object, desired: Mapping[str, object], why: str) -> bool:
+    if covers(src_ds["spec"], desired) and not objects.marked(src_ds):
         return True
     meta = src_ds["metadata"]
     look.actions.append(
@@ -64,11 +107,23 @@ def restore_source_spec(look: Look, src_ds: Object, backup: Mapping[str, str], w
             "DaemonSet",
             meta["namespace"],
             meta["name"],
-            objects.spec_patch(src_ds, original),
+            objects.restore_patch(src_ds, desired),
             why=why,
         )
     )
     return False
+
+
+def undo_source_patch(look: Look, src_ds: Object) -> bool:
+    """Without a snapshot: take the operator's own patch off. True when it is not there."""
+    if not objects.marked(src_ds) and not objects.source_is_patched(src_ds, look.target_mode):
+        return True
+    return _patch_source(
+        look,
+        src_ds,
+        objects.unpatched_spec(src_ds, look.target_mode),
+        "undo the operator's source patch",
+    )
 
 
 def patch_config_data(look: Look, cm: Object, desired: Mapping[str, str], why: str) -> bool:
@@ -96,9 +151,11 @@ def restore(look: Look) -> bool:
     for job in look.obs.jobs:
         ns = look.spec.kube_proxy.namespace
         look.actions.append(DeleteObject("batch/v1", "Job", ns, job.name))
-    if backup is None:
-        return done
     src_ds, src_cm = look.obs.source_daemon_set, look.obs.source_config_map
+    if backup is None:
+        # The snapshot is lost: nothing to restore exactly, but the operator's own patch
+        # (OnDelete, the mode affinity) never outlives the run.
+        return (src_ds is None or undo_source_patch(look, src_ds)) and done
     if src_ds is not None and not restore_source_spec(
         look, src_ds, backup, "restore the source DaemonSet from the snapshot"
     ):

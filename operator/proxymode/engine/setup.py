@@ -11,7 +11,7 @@ from proxymode.api.reasons import FailureReason
 from proxymode.engine import naming, objects
 from proxymode.engine.actions import ApplyObject, PatchObject, SaveBackup
 from proxymode.engine.look import Look
-from proxymode.engine.restore import generation_observed, template_hash
+from proxymode.engine.restore import generation_observed, own_spec, template_hash
 from proxymode.kubeproxy import (
     ConfigError,
     KubeVersion,
@@ -49,6 +49,9 @@ def backup(look: Look) -> dict[str, str] | None:
     if src_ds is None or src_cm is None:
         return None
     labels = {n.name: n.mode_label for n in look.obs.nodes}
+    if objects.marked(src_ds) or objects.source_is_patched(src_ds, look.target_mode):
+        # A patch left by an earlier run: snapshot the spec as it was before it.
+        src_ds = {**src_ds, "spec": objects.unpatched_spec(src_ds, look.target_mode)}
     data = objects.backup_data(src_ds, src_cm, labels, look.status.run)
     look.actions.append(SaveBackup(objects.backup_object(look.name, look.uid, namespace, data)))
     look.status.backup = BackupRef(namespace=namespace, name=name)
@@ -99,7 +102,12 @@ def ensure_setup(look: Look) -> bool:
     if text is None:
         return False
     mode = look.target_mode
-    original = {"metadata": src_ds["metadata"], "spec": objects.original_spec(snapshot)}
+    # The target is a clone of the source as it is now, minus the operator's own patch: a
+    # person's later edit of the source (an image bump) reaches the target DaemonSet too.
+    original = {
+        "metadata": src_ds["metadata"],
+        "spec": own_spec(src_ds["spec"], objects.original_spec(snapshot)),
+    }
     desired_cm = objects.target_config_map(
         look.name,
         look.uid,
@@ -134,7 +142,12 @@ def ensure_setup(look: Look) -> bool:
                 "DaemonSet",
                 src_ds["metadata"]["namespace"],
                 src_ds["metadata"]["name"],
-                objects.spec_patch(src_ds, objects.source_patched_spec(src_ds["spec"], mode)),
+                objects.source_patch(
+                    src_ds,
+                    mode,
+                    objects.original_spec(snapshot).get("updateStrategy")
+                    or objects.DEFAULT_STRATEGY,
+                ),
                 why="keep the source kube-proxy off target and switching nodes; OnDelete",
             )
         )

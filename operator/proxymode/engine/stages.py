@@ -123,6 +123,7 @@ def start_stage(look: Look, index: int) -> None:
     stage.phase = StagePhase.PROGRESSING
     stage.started_time = look.now
     stage.nodes_done = 0
+    stage.moved = stage.moved or []  # a dropped stage's finished moves may be carried here
     look.status.current_stage = index
     look.status.analysis = AnalysisStatus() if look.spec.analysis else None
     look.event(EventReason.STAGE_STARTED, f"stage {stage.name}: moving {nodes(len(stage.nodes))}")
@@ -144,11 +145,19 @@ def adopt_new_plan(look: Look) -> None:
     current = next(
         (i for i, s in enumerate(stages) if s.phase != StagePhase.COMPLETED), len(stages) - 1
     )
-    # Nodes moved by a stage the new plan dropped stay recorded, so rollback finds them.
+    # Nodes moved by a stage the new plan dropped stay recorded, so rollback finds them,
+    # and so do their finished moves (they are not a person's label).
     stages[current].nodes = [
         *stages[current].nodes,
         *[n for n in orphans if n not in stages[current].nodes],
     ]
+    moved = [n for s in old.values() for n in (s.moved or [])]
+    recorded = stages[current].moved
+    if moved and (recorded is not None or stages[current].phase == StagePhase.PENDING):
+        stages[current].moved = [
+            *(recorded or []),
+            *[n for n in moved if n not in (recorded or [])],
+        ]
     look.status.current_stage = current
     look.status.plan_hash = plan_hash(look.spec)
     look.status.resume_phase = Phase.PROGRESSING

@@ -11,7 +11,7 @@ from __future__ import annotations
 from proxymode.api.models import Condition, Phase
 from proxymode.api.reasons import ConditionReason, PauseReason
 from proxymode.engine.look import Look
-from proxymode.engine.moves import health_failure
+from proxymode.engine.node_checks import health_failure
 
 IN_FLIGHT = frozenset(
     {Phase.PREFLIGHT, Phase.PROGRESSING, Phase.ANALYZING, Phase.FINALIZING, Phase.ROLLING_BACK}

@@ -9,6 +9,8 @@ EndpointSlices, CNI, other policies) is gathered only while preflight needs it.
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,24 +20,30 @@ from kubernetes.client.exceptions import ApiException
 from proxymode.api import models
 from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.engine import naming
-from proxymode.engine.objects import JOB_NODE_LABEL
+from proxymode.engine.objects import job_node
 from proxymode.engine.observed import (
     ACTION_ANNOTATION,
+    JOB_KIND_LABEL,
     POLICY_LABEL,
     AnalysisRound,
     CleanupJobView,
     ClusterFacts,
+    JobKind,
     NodeView,
     Object,
     Observed,
     ProxyKind,
     ProxyPod,
 )
+from proxymode.kube.cache import ClusterCache, PodRecord
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
+VERIFY_IMAGE_ENV = "PROXYMODE_VERIFY_IMAGE"
+"""The image of the verification Job: the chart sets it to the operator's own."""
 CNI_DAEMON_SETS = {
     "calico-node": "calico",
     "cilium": "cilium",
+    "anetd": "cilium",  # GKE Dataplane V2 runs Cilium as anetd
     "kube-flannel-ds": "flannel",
     "kube-flannel": "flannel",
     "weave-net": "weave",
@@ -98,14 +106,41 @@ def proxy_pod(pod: Object, kind: ProxyKind) -> ProxyPod:
         restarts=sum(int(c.get("restartCount", 0)) for c in statuses),
         terminating=bool(pod["metadata"].get("deletionTimestamp")),
         created=_time(pod["metadata"].get("creationTimestamp")),
+        ready_changed=_ready_changed(pod),
+    )
+
+
+def _ready_changed(obj: Object) -> datetime | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return _time(c.get("lastTransitionTime"))
+    return None
+
+
+def _from_record(record: PodRecord, kind: ProxyKind) -> ProxyPod:
+    return ProxyPod(
+        name=record.name,
+        node=record.node,
+        kind=kind,
+        ready=record.ready,
+        restarts=record.restarts,
+        terminating=record.terminating,
+        created=_time(record.created),
+        ready_changed=_time(record.ready_changed),
     )
 
 
 class Observer:
-    """Takes ``Observed`` snapshots for policies through one API client."""
+    """Takes ``Observed`` snapshots for policies through one API client.
 
-    def __init__(self, api: client.ApiClient) -> None:
+    With a ``ClusterCache`` (the operator), nodes, kube-proxy pods and Jobs come from its
+    watches and a look lists nothing in steady state; without one (tests, tools), each
+    look lists them.
+    """
+
+    def __init__(self, api: client.ApiClient, cache: ClusterCache | None = None) -> None:
         self.api = api
+        self.cache = cache
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.batch = client.BatchV1Api(api)
@@ -128,7 +163,11 @@ class Observer:
         target_ds = _raw(
             self.apps.read_namespaced_daemon_set, naming.target_daemon_set(ref.daemon_set, mode), ns
         )
-        nodes = tuple(node_view(n) for n in self._list(self.core.list_node))
+        nodes = tuple(
+            self.cache.nodes()
+            if self.cache is not None
+            else (node_view(n) for n in self._list(self.core.list_node))
+        )
         backup = _raw(self.core.read_namespaced_config_map, naming.backup_config_map(name), ns)
         annotations = policy.metadata.get("annotations") or {}
         return Observed(
@@ -152,7 +191,23 @@ class Observer:
             analysis=analysis,
             action=annotations.get(ACTION_ANNOTATION),
             deleting=deleting,
+            verify_image=os.environ.get(VERIFY_IMAGE_ENV, ""),
+            service_ips=self._verify_service(policy),
         )
+
+    def _verify_service(self, policy: ProxyModePolicy) -> dict[str, str]:
+        """The ClusterIP of ``spec.verify.service`` (one GET; nothing when verify is off)."""
+        verify = policy.spec.verify
+        if not verify.enabled:
+            return {}
+        key = verify.service.rsplit(":", 1)[0]
+        namespace, _, service = key.partition("/")
+        try:
+            body = _raw(self.core.read_namespaced_service, service, namespace)
+        except ApiException:
+            return {}
+        ip = str(((body or {}).get("spec") or {}).get("clusterIP") or "")
+        return {key: ip} if ip and ip != "None" else {}
 
     def _list(self, call: Any, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
         data = _raw(call, *args, **kwargs)
@@ -168,6 +223,14 @@ class Observer:
             match = ds["spec"]["selector"].get("matchLabels") or {}
             selectors.append(",".join(f"{k}={v}" for k, v in sorted(match.items())))
         pods: dict[str, ProxyPod] = {}
+        if self.cache is not None:
+            # The controller's uid decides which proxy a pod belongs to; the selector only
+            # narrowed the list, and there is no list here.
+            for record in self.cache.pods(ns):
+                owner = owners.get(record.owner_uid)
+                if owner is not None:
+                    pods[record.name] = _from_record(record, owner)
+            return tuple(pods.values())
         for selector in selectors:
             for pod in self._list(self.core.list_namespaced_pod, ns, label_selector=selector):
                 for ref in pod["metadata"].get("ownerReferences") or []:
@@ -177,23 +240,69 @@ class Observer:
         return tuple(pods.values())
 
     def _jobs(self, ns: str, policy: str) -> tuple[CleanupJobView, ...]:
+        if self.cache is not None:
+            # A verification's report is its pod's termination message: the pod cache holds
+            # every pod of the namespace, the Job's among them.
+            # The Job watch and the pod watch are separate streams: a Job may show Complete
+            # before its pod's terminated status (the report) is in the cache. Until then it
+            # is not taken as finished; the pod's update wakes the daemon.
+            pods = [r for r in self.cache.pods(ns) if r.job]
+            reports = {r.job: r.message for r in pods if r.message}
+            running = {r.job for r in pods if not r.finished}
+            out = []
+            for seen in self.cache.jobs(ns, policy):
+                view = seen
+                if view.kind is JobKind.VERIFY and not view.message:
+                    view = replace(view, message=reports.get(view.name, ""))
+                    if (
+                        not view.message
+                        and view.name in running
+                        and (view.succeeded or view.failed)
+                    ):
+                        view = replace(view, succeeded=False, failed=False)
+                out.append(view)
+            return tuple(out)
         out = []
-        for job in self._list(
+        jobs = self._list(
             self.batch.list_namespaced_job, ns, label_selector=f"{POLICY_LABEL}={policy}"
-        ):
+        )
+        verify = JOB_KIND_LABEL + "=" + JobKind.VERIFY.value
+        finished = any(
+            (j["metadata"].get("labels") or {}).get(JOB_KIND_LABEL) == JobKind.VERIFY.value
+            and (j.get("status") or {}).get("conditions")
+            for j in jobs
+        )
+        messages = self._job_messages(ns, f"{POLICY_LABEL}={policy},{verify}") if finished else {}
+        for job in jobs:
             conditions = {
                 c.get("type"): c.get("status")
                 for c in (job.get("status") or {}).get("conditions") or []
             }
+            labels = job["metadata"].get("labels") or {}
+            kind = labels.get(JOB_KIND_LABEL, JobKind.CLEANUP.value)
             out.append(
                 CleanupJobView(
                     name=job["metadata"]["name"],
-                    node=(job["metadata"].get("labels") or {}).get(JOB_NODE_LABEL, ""),
+                    node=job_node(job["metadata"]),
                     succeeded=conditions.get("Complete") == "True",
                     failed=conditions.get("Failed") == "True",
+                    created=_time(job["metadata"].get("creationTimestamp")),
+                    kind=JobKind(kind) if kind in set(JobKind) else JobKind.CLEANUP,
+                    message=messages.get(job["metadata"]["name"], ""),
                 )
             )
         return tuple(out)
+
+    def _job_messages(self, ns: str, selector: str) -> dict[str, str]:
+        """Each verification Job's report: its finished pod's termination message."""
+        messages: dict[str, str] = {}
+        for pod in self._list(self.core.list_namespaced_pod, ns, label_selector=selector):
+            job = (pod["metadata"].get("labels") or {}).get("job-name") or ""
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                message = ((cs.get("state") or {}).get("terminated") or {}).get("message")
+                if job and message:
+                    messages[job] = str(message)
+        return messages
 
     def _count(self, call: Any) -> int | None:
         try:

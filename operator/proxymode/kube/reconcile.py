@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -20,16 +21,20 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from proxymode.api import models
-from proxymode.api.models import Phase, ProxyModePolicy
+from proxymode.api.models import Analysis, Phase
 from proxymode.api.reasons import EventReason
 from proxymode.engine.actions import EmitEvent
 from proxymode.engine.machine import advance
-from proxymode.kube import rounds
+from proxymode.kube import rounds, series
+from proxymode.kube.cache import ClusterCache
 from proxymode.kube.execute import Executor
 from proxymode.kube.observe import Observer
 from proxymode.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+PROMETHEUS_CLIENT_SECONDS = 300.0
+"""How long a Prometheus client (its Secrets, its CA file) is kept before it is made again,
+so a rotated credential is picked up without a read of the Secrets every round."""
 
 
 @dataclass(frozen=True)
@@ -43,19 +48,61 @@ class Outcome:
 
 
 class Reconciler:
-    """Drives policies through one API client."""
+    """Drives policies through one API client.
+
+    One look at a time per policy: the daemon and the delete handler may both call
+    ``once`` for the same policy (kopf runs the delete handler while a daemon is still
+    finishing its look), and two looks acting on one snapshot each would act twice.
+    """
 
     def __init__(
         self,
         api: client.ApiClient,
         events: Callable[[dict[str, Any], EmitEvent], None] = lambda _body, _event: None,
         telemetry: Telemetry | None = None,
+        cache: ClusterCache | None = None,
     ) -> None:
         self.api = api
         self.custom = client.CustomObjectsApi(api)
-        self.observer = Observer(api)
+        self.observer = Observer(api, cache)
         self.events = events
         self.telemetry = telemetry or Telemetry()
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+        self._prometheus: dict[str, tuple[str, float, rounds.Prometheus]] = {}
+        self.status_patches = 0
+        self.status_unchanged = 0
+        """Status patches sent, and those skipped because nothing changed (benchmarks)."""
+
+    def lock(self, name: str) -> threading.Lock:
+        """The lock every look at ``name`` holds."""
+        with self._locks_lock:
+            return self._locks.setdefault(name, threading.Lock())
+
+    def prometheus(self, name: str, analysis: Analysis) -> rounds.Prometheus:
+        """The kept client for this policy and these settings (made again when they change)."""
+        key = analysis.prometheus.model_dump_json()
+        kept = self._prometheus.get(name)
+        if kept is not None:
+            if kept[0] == key and time.monotonic() - kept[1] < PROMETHEUS_CLIENT_SECONDS:
+                return kept[2]
+            kept[2].close()
+            del self._prometheus[name]
+        made = rounds.Prometheus(self.api, analysis)
+        self._prometheus[name] = (key, time.monotonic(), made)
+        return made
+
+    def forget(self, name: str) -> None:
+        """A policy went: drop its Prometheus client (and its CA file) and its lock."""
+        kept = self._prometheus.pop(name, None)
+        if kept is not None:
+            kept[2].close()
+        with self._locks_lock:
+            self._locks.pop(name, None)
+
+    def close(self) -> None:
+        for name in list(self._prometheus):
+            self.forget(name)
 
     def read(self, name: str) -> dict[str, Any] | None:
         try:
@@ -69,6 +116,10 @@ class Reconciler:
         return dict(body)  # type: ignore[call-overload,no-any-return]
 
     def once(self, name: str, *, deleting: bool = False) -> Outcome:
+        with self.lock(name):
+            return self._timed(name, deleting=deleting)
+
+    def _timed(self, name: str, *, deleting: bool) -> Outcome:
         started = time.perf_counter()
         try:
             return self._once(name, deleting=deleting)
@@ -82,13 +133,16 @@ class Reconciler:
         body = self.read(name)
         if body is None:
             self.telemetry.forget(name)
+            kept = self._prometheus.pop(name, None)
+            if kept is not None:
+                kept[2].close()
             return Outcome(requeue_seconds=0, release_finalizer=True, gone=True)
         try:
-            policy = ProxyModePolicy.model_validate(body)
+            policy = models.from_wire(body)
         except ValidationError as e:
             # The API server's schema and CEL should have refused this; say so, act on nothing.
             message = f"the policy is invalid and was not acted on: {_first_error(e)}"
-            self._store(name, {"phase": Phase.FAILED.value, "message": message})
+            self._store(name, {"phase": Phase.FAILED.value, "message": message}, body)
             return Outcome(requeue_seconds=60, release_finalizer=deleting, phase=Phase.FAILED)
         deleting = deleting or bool(body["metadata"].get("deletionTimestamp"))
         now = datetime.now(UTC)
@@ -102,7 +156,7 @@ class Reconciler:
             message = f"not allowed to read what this policy needs: {_forbidden(e)}"
             if policy.status.message != message:
                 self.events(body, EmitEvent(EventReason.FORBIDDEN, message, "Warning"))
-            self._store(name, {"message": message})
+            self._store(name, {"message": message}, body)
             # Still Pending: preflight never ran, so nothing was changed and a deleted
             # policy may go at once.
             pending = policy.status.phase == Phase.PENDING
@@ -111,13 +165,22 @@ class Reconciler:
                 release_finalizer=deleting and pending,
                 phase=str(policy.status.phase),
             )
+        if series.due(policy, deleting=deleting):
+            observed = replace(observed, series=series.look(self.api, policy, observed))
         if not deleting and rounds.round_due(policy, now):
-            observed = replace(observed, analysis=rounds.run_round(self.api, policy, observed, now))
+            measured = rounds.run_round(
+                self.api, policy, observed, now, lambda a: self.prometheus(name, a)
+            )
+            observed = replace(observed, analysis=measured)
         decision = advance(policy, observed)
         executor = Executor(self.api, name, lambda event: self.events(body, event))
-        executor.run(decision.actions)
+        done = executor.run(decision.actions)
         status = decision.status.model_dump(by_alias=True, mode="json", exclude_none=False)
-        self._store(name, status)
+        if done < len(decision.actions):
+            # The world moved under the batch: the next look decides again, and until one
+            # succeeds the policy's generation does not count as observed.
+            status["observedGeneration"] = policy.status.observed_generation
+        self._store(name, status, body)
         self.telemetry.looked(
             name,
             before=policy.status,
@@ -132,8 +195,16 @@ class Reconciler:
             phase=str(decision.status.phase),
         )
 
-    def _store(self, name: str, status: dict[str, Any]) -> None:
-        """Merge-patch the status subresource; ``None`` values clear fields the engine dropped."""
+    def _store(self, name: str, status: dict[str, Any], body: dict[str, Any]) -> None:
+        """Merge-patch the status subresource; ``None`` values clear fields the engine dropped.
+
+        Nothing is sent when the merge would change nothing: an idle policy's look writes
+        nothing (and so wakes no watcher of policies, the operator's own included).
+        """
+        if _merged(body.get("status") or {}, status) == (body.get("status") or {}):
+            self.status_unchanged += 1
+            return
+        self.status_patches += 1
         try:
             self.custom.patch_cluster_custom_object_status(
                 models.GROUP, models.VERSION, models.PLURAL, name, {"status": status}
@@ -141,6 +212,19 @@ class Reconciler:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+def _merged(current: Any, patch: Any) -> Any:
+    """``current`` after a JSON merge patch (RFC 7386) of ``patch``."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(current) if isinstance(current, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merged(out.get(key), value)
+    return out
 
 
 def _forbidden(error: ApiException) -> str:

@@ -20,8 +20,9 @@ import base64
 import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -39,6 +40,7 @@ from proxymode.api.models import Analysis, Check, ProxyModePolicy, SecretKeyRef
 from proxymode.engine import gate
 from proxymode.engine.gate import round_due
 from proxymode.engine.observed import AnalysisRound, CheckOutcome, Observed, ProxyKind
+from proxymode.kube import reach
 
 OPERATOR_NAMESPACE_ENV = "POD_NAMESPACE"
 __all__ = ["Prometheus", "groups", "measure", "round_due", "run_round", "settled_canary"]
@@ -100,6 +102,23 @@ class Prometheus:
         self.url = source.url.rstrip("/") + "/api/v1/query"
         self.timeout = source.timeout_seconds
         self.session = requests.Session()
+        # Passed with every request: a session-level verify loses to REQUESTS_CA_BUNDLE /
+        # CURL_CA_BUNDLE in the environment, which would silently drop the policy's CA.
+        self.verify: bool | str = True
+        self.ca_file: str | None = None
+        """The temporary CA bundle this client wrote (removed by ``close``)."""
+        service = reach.use_service_proxy(source.url)
+        if service is not None:  # outside the cluster: through the API server (reach.py)
+            if source.bearer_token is not None or source.basic_auth is not None:
+                raise ValueError(
+                    f"{source.url} is an in-cluster Service and this operator runs outside"
+                    " the cluster: it reaches it through the API server's service proxy,"
+                    " which cannot pass bearerToken or basicAuth; run the operator in the"
+                    " cluster, or give a URL reachable from where it runs"
+                )
+            self.url = service.through(api.configuration.host) + "/api/v1/query"
+            self.verify = reach.api_server_session(api, self.session)
+            return
         if source.bearer_token is not None:
             token = self._secret(namespace, source.bearer_token)
             self.session.headers["Authorization"] = f"Bearer {token}"
@@ -108,18 +127,24 @@ class Prometheus:
                 self._secret(namespace, source.basic_auth.username),
                 self._secret(namespace, source.basic_auth.password),
             )
-        # Passed with every request: a session-level verify loses to REQUESTS_CA_BUNDLE /
-        # CURL_CA_BUNDLE in the environment, which would silently drop the policy's CA.
-        self.verify: bool | str = True
         if source.insecure_skip_verify:
             self.verify = False
         elif source.ca is not None:
-            bundle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the session
-                "w", suffix=".pem", delete=False
+            pem = self._secret(namespace, source.ca)  # before the file: a missing key leaves none
+            bundle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives until close()
+                "w", suffix=".pem", prefix="proxymode-ca-", delete=False
             )
-            bundle.write(self._secret(namespace, source.ca))
-            bundle.close()
+            with bundle:
+                bundle.write(pem)
             self.verify = bundle.name
+            self.ca_file = bundle.name
+
+    def close(self) -> None:
+        """Close the session and remove the temporary CA bundle, if one was written."""
+        self.session.close()
+        if self.ca_file is not None:
+            Path(self.ca_file).unlink(missing_ok=True)
+            self.ca_file = None
 
     def _secret(self, namespace: str, ref: SecretKeyRef) -> str:
         secret = self.core.read_namespaced_secret(ref.name, namespace)
@@ -241,11 +266,31 @@ def _silent_nodes(prom: Prometheus, analysis: Analysis, nodes: Sequence[str]) ->
 
 
 def run_round(
-    api: client.ApiClient, policy: ProxyModePolicy, observed: Observed, now: datetime
+    api: client.ApiClient,
+    policy: ProxyModePolicy,
+    observed: Observed,
+    now: datetime,
+    client_for: Callable[[Analysis], Prometheus] | None = None,
 ) -> AnalysisRound:
-    """Measure and judge every check once; the round the engine counts."""
+    """Measure and judge every check once; the round the engine counts.
+
+    ``client_for`` hands out a kept client (the reconciler keeps one per policy and
+    settings); without it a client is made for this round and closed after it.
+    """
     analysis = policy.spec.analysis
     assert analysis is not None
+    if client_for is None:
+        own: list[Prometheus] = []
+
+        def client_for(a: Analysis) -> Prometheus:
+            own.append(Prometheus(api, a))
+            return own[-1]
+
+        try:
+            return run_round(api, policy, observed, now, client_for)
+        finally:
+            for made in own:
+                made.close()
     canary, baseline = groups(policy, observed)
     floor = _switch_floor(policy)
     canary = settled_canary(canary, observed, floor, analysis.window_seconds)
@@ -255,7 +300,7 @@ def run_round(
     outcomes: list[CheckOutcome] = []
     baseline_values: dict[str, float] = {}
     try:
-        prom: Prometheus | None = Prometheus(api, analysis)
+        prom: Prometheus | None = client_for(analysis)
         setup_error = ""
     except Exception as e:  # a missing Secret: every check is inconclusive, and says why
         prom, setup_error = None, f"cannot reach Prometheus: {e}"

@@ -12,6 +12,7 @@ import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from proxymode.kubeproxy.misplaced import REMOVED_FIELDS, home_for, is_non_field, non_field_home
 from proxymode.kubeproxy.schema import (
     IMMUTABLE_BY_OVERRIDES,
     MOVED_FIELDS,
@@ -94,6 +95,7 @@ def _check_override_key(key: Any, value: Any, source: Mapping[str, Any], target_
         if value != source.get(key):
             raise ConfigError(f"{path} must not change {key} (got {value!r})")
         return
+    _refuse_non_field(str(key), target_mode)
     _require_known(key, TOP_LEVEL_FIELDS | set(source), OVERRIDES_NAME)
     if key == "featureGates":
         check_feature_gates(value, path, allow_none_values=True)
@@ -102,7 +104,24 @@ def _check_override_key(key: Any, value: Any, source: Mapping[str, Any], target_
             raise ConfigError(f"{path} must be a mapping of {key} fields, got {value!r}")
         known = SUB_STRUCT_FIELDS[key] | set(source.get(key) or {})
         for sub_key in value:
+            _refuse_non_field(f"{key}.{sub_key}", target_mode)
             _require_known(sub_key, known, path)
+
+
+def _refuse_non_field(path: str, target_mode: str) -> None:
+    """A name kube-proxy is known not to read is refused even when the source config has it:
+    the override would do nothing (kube-proxy's lenient decoding drops it)."""
+    if not is_non_field(path):
+        return
+    home = non_field_home(path)
+    instead = (
+        f"; set {OVERRIDES_NAME}.{home_for(home, target_mode)} instead"
+        if home is not None
+        else f" ({REMOVED_FIELDS[path]})"
+    )
+    raise ConfigError(
+        f"{OVERRIDES_NAME}.{path} is not a KubeProxyConfiguration field kube-proxy reads{instead}"
+    )
 
 
 def _require_known(key: Any, known: set[str] | frozenset[str], where: str) -> None:

@@ -7,6 +7,7 @@ and the operator must never drop what it does not understand. Pure.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -198,6 +199,14 @@ def parse_config(text: str) -> KubeProxyConfig:
     """Parse a ConfigMap's KubeProxyConfiguration text; ConfigError says what is wrong."""
     if not isinstance(text, str):
         raise ConfigError(f"the kube-proxy config must be text, got {type(text).__name__}")
+    return _parse_text(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_text(text: str) -> KubeProxyConfig:
+    """The parse itself, remembered by text: the engine reads the same source config, and
+    reads back the same derived one, on every look, and YAML dominated a look's time. Safe
+    to share: a KubeProxyConfig hands out copies only. A ConfigError is not remembered."""
     try:
         data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader, libyaml's when present
     except yaml.YAMLError as error:

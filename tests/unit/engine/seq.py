@@ -23,7 +23,7 @@ from proxymode.engine.actions import Decision, EmitEvent
 from proxymode.engine.machine import advance
 from proxymode.engine.observed import MODE_LABEL, Observed
 from proxymode.engine.planner import max_unavailable_count
-from tests.unit.engine.sim import Sim
+from tests.unit.engine.sim import FAST_LOADER, Sim
 
 Hook = Callable[[int, Sim, ProxyModePolicy], None]
 THREE_STAGES: list[dict[str, Any]] = [
@@ -207,7 +207,8 @@ def phase_is(*phases: Phase) -> Callable[[ProxyModePolicy], bool]:
 
 
 def config_mode(sim: Sim) -> str:
-    return str(yaml.safe_load(sim.get("ConfigMap", "kube-proxy")["data"]["config.conf"])["mode"])
+    text = sim.get("ConfigMap", "kube-proxy")["data"]["config.conf"]
+    return str(yaml.load(text, Loader=FAST_LOADER)["mode"])  # noqa: S506 - a safe loader
 
 
 def nodes_labelled(sim: Sim, value: str) -> set[str]:
@@ -237,3 +238,18 @@ def condition(status: PolicyStatus, kind: str) -> str:
 
 def history_reasons(status: PolicyStatus) -> list[str]:
     return [str(h.reason) for h in status.history]
+
+
+def with_exclusion_term(spec: dict[str, Any], target: str) -> dict[str, Any]:
+    """What KeepExclusionTerm promises: the original spec, the term ANDed into every
+    required node-affinity term (kubeadm's DaemonSet has none: it becomes the only one)."""
+    want = json.loads(json.dumps(spec))
+    term = {"key": MODE_LABEL, "operator": "NotIn", "values": [target, "switching"]}
+    pod = want["template"]["spec"]
+    required = pod.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    terms = required.setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": [{}]}
+    )["nodeSelectorTerms"]
+    for t in terms:
+        t["matchExpressions"] = [*t.get("matchExpressions", []), term]
+    return want

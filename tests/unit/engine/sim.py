@@ -17,6 +17,9 @@ sandbox tests check those rules against the real controllers):
 - Analysis (``Sim.verdict``): when set, a fresh round of that verdict every
   ``round_every`` seconds, as the Prometheus adapter would hand the engine.
 - Job controller: a cleanup Job succeeds one tick after it is created (or fails, if asked).
+  A verification Job ends one tick after it is created: Succeeded when the node runs one
+  Ready, not crash-looping kube-proxy in the mode the Job names and is not in
+  ``unverifiable``, else Failed; with a report as its termination message.
 - API server: JSON patches with a failing ``test`` and label changes with a stale
   ``expect`` are refused (ConflictError), like a real precondition failure.
 
@@ -49,19 +52,24 @@ from proxymode.engine.actions import (
     SetNodeMode,
 )
 from proxymode.engine.observed import (
+    JOB_KIND_LABEL,
     MODE_LABEL,
     AnalysisRound,
     CheckOutcome,
     CleanupJobView,
     ClusterFacts,
+    JobKind,
     NodeView,
     Observed,
     ProxyKind,
     ProxyPod,
 )
+from proxymode.verify import NodeReading, ProbeOutcome, judge
 from proxymode_sandbox import kubeadm_proxy
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+FAST_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's safe loader: the pure-Python one took most of a generated-spec run's time."""
 NS = "kube-system"
 IN_FLIGHT = ("Preflight", "Progressing", "Analyzing", "Paused", "Finalizing", "RollingBack")
 
@@ -84,6 +92,16 @@ class SimPod:
     born: datetime = T0
     mode: str | None = None  # the proxy mode read from its ConfigMap when it started
     config: str | None = None  # the ConfigMap it read
+    was_ready: bool = False
+    ready_changed: datetime | None = None  # the Ready condition's lastTransitionTime
+
+    def note_readiness(self, now: datetime) -> None:
+        """What the kubelet does: stamp the Ready condition's transition time."""
+        if self.ready_changed is None:
+            self.ready_changed = self.born
+        if self.ready != self.was_ready:
+            self.was_ready = self.ready
+            self.ready_changed = now
 
     @property
     def ready(self) -> bool:
@@ -119,6 +137,9 @@ class Sim:
     """Nodes whose kube-proxy pods, of either DaemonSet, crash-loop."""
     server_defaults: dict[str, Any] = field(default_factory=dict)
     """DaemonSet spec fields the API server defaults on every write (a newer server)."""
+    unverifiable: set[str] = field(default_factory=set)
+    """Nodes whose verification fails (their Service probe times out: a host firewall)."""
+    service_ips: dict[str, str] = field(default_factory=lambda: {"default/kubernetes": "10.96.0.1"})
     served: set[str] = field(default_factory=set)
     """Nodes that have had a Ready kube-proxy since they joined."""
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -128,6 +149,8 @@ class Sim:
     checks: tuple[str, ...] = ("sync-latency",)
     round_every: float = 10.0
     baseline_values: dict[str, float] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)
+    """kube-proxy pods started per node, of either DaemonSet, since the cluster was built."""
     _last_round: datetime | None = None
     _seq: int = 0
     _rv: int = 100
@@ -154,6 +177,7 @@ class Sim:
                 sim._store(copy.deepcopy(obj))
         for _ in range(2):
             sim.tick()
+        sim.starts.clear()  # the pods the cluster began with are not starts of a run
         return sim
 
     def _grace(self, node: str) -> int:
@@ -203,10 +227,14 @@ class Sim:
             if kind == "DaemonSet":
                 self._reconcile_daemon_set(ds)
         for job in self.jobs.values():
-            if job["age"] >= 1 and not job["done"] and not self.hang_jobs:
+            if job["age"] >= 1 and not job["done"] and job.get("kind") == JobKind.VERIFY:
+                self._verify(job)
+            elif job["age"] >= 1 and not job["done"] and not self.hang_jobs:
                 job["done"] = "failed" if self.fail_jobs else "succeeded"
             job["age"] += 1
         self.served |= {p.node for p in self.pods if p.ready}
+        for pod in self.pods:
+            pod.note_readiness(self.now)
 
     def _reconcile_daemon_set(self, ds: dict[str, Any]) -> None:
         name = ds["metadata"]["name"]
@@ -234,6 +262,7 @@ class Sim:
             if node in self.broken:
                 pod.crashloop = True
             self.pods.append(pod)
+            self.starts[node] = self.starts.get(node, 0) + 1
         strategy = ds["spec"].get("updateStrategy", {})
         if strategy.get("type", "RollingUpdate") == "RollingUpdate":
             budget = _max_unavailable(strategy, len(wanted))
@@ -264,12 +293,39 @@ class Sim:
             "numberUnavailable": len(wanted) - sum(p.ready for p in live),
         }
 
+    def _verify(self, job: dict[str, Any]) -> None:
+        """What ``proxymode verify-node`` would find on the node, as its report."""
+        node, mode = job["node"], job["mode"]
+        running = [p for p in self.pods if p.node == node and not p.terminating]
+        ok_pod = len(running) == 1 and running[0].ready and not running[0].crashloop
+        reading = NodeReading(
+            mode=running[0].mode if running else None,
+            started=100.0,
+            last_sync=101.5 if ok_pod else 0.0,
+            iptables_svc_chains=10 if mode == "iptables" else 0,
+            iptables_services_chain=mode in ("iptables", "ipvs"),
+            nft_tables=("ip",) if mode == "nftables" else (),
+            nft_services=10 if mode == "nftables" else 0,
+            ipvs_device=mode == "ipvs",
+            probe=ProbeOutcome(
+                "default/kubernetes:443",
+                "10.96.0.1:443",
+                ok=node not in self.unverifiable,
+                millis=3.0,
+                error="timed out after 1s",
+            ),
+        )
+        report = judge(reading, node, mode, job["previous"], 2.0)
+        job["done"] = "succeeded" if report.ok else "failed"
+        job["message"] = report.message()
+
     def _mode_in(self, config_map: str | None) -> str | None:
         cm = self.get("ConfigMap", config_map) if config_map else None
         text = (cm or {}).get("data", {}).get("config.conf")
         if text is None:
             return None
-        return str((yaml.safe_load(text) or {}).get("mode") or "iptables")
+        config = yaml.load(text, Loader=FAST_LOADER)  # noqa: S506 - libyaml's safe loader
+        return str((config or {}).get("mode") or "iptables")
 
     def rivals(self, mine: str) -> tuple[str, ...]:
         """What the adapter reports: other policies on the same source DaemonSet, active."""
@@ -319,6 +375,8 @@ class Sim:
     # -- what the engine sees and does ------------------------------------------------------
 
     def observe(self, generation: int = 1, deleting: bool = False, policy: str = "") -> Observed:
+        for pod in self.pods:  # a test may have flipped readiness since the last tick
+            pod.note_readiness(self.now)
         source = self.get("DaemonSet", "kube-proxy")
         target = next(
             (o for (k, n), o in self.objects.items() if k == "DaemonSet" and n != "kube-proxy"),
@@ -341,12 +399,19 @@ class Sim:
                 restarts=p.restarts,
                 terminating=bool(p.terminating),
                 created=p.born,
+                ready_changed=p.ready_changed,
             )
             for p in self.pods
         )
         jobs = tuple(
             CleanupJobView(
-                name, j["node"], succeeded=j["done"] == "succeeded", failed=j["done"] == "failed"
+                name,
+                j["node"],
+                succeeded=j["done"] == "succeeded",
+                failed=j["done"] == "failed",
+                created=j.get("created", self.now - timedelta(seconds=5 * j["age"])),
+                kind=j.get("kind", JobKind.CLEANUP),
+                message=j.get("message", ""),
             )
             for name, j in self.jobs.items()
         )
@@ -385,6 +450,7 @@ class Sim:
             analysis=self.analysis_round(),
             action=self.action,
             deleting=deleting,
+            service_ips=dict(self.service_ips),
         )
 
     def execute(self, actions: Iterable[Action], stop_after: int | None = None) -> int:
@@ -431,7 +497,14 @@ class Sim:
         elif isinstance(action, CreateJob):
             name = action.job["metadata"]["name"]
             node = action.job["spec"]["template"]["spec"]["nodeName"]
-            self.jobs.setdefault(name, {"node": node, "age": 0, "done": None})
+            labels = action.job["metadata"].get("labels") or {}
+            kind = JobKind(labels.get(JOB_KIND_LABEL, JobKind.CLEANUP))
+            job = {"node": node, "age": 0, "done": None, "created": self.now, "kind": kind}
+            if kind == JobKind.VERIFY:
+                words = action.job["spec"]["template"]["spec"]["containers"][0]["command"]
+                flags = dict(w[2:].split("=", 1) for w in words if w.startswith("--"))
+                job.update(mode=flags["mode"], previous=flags["previous"])
+            self.jobs.setdefault(name, job)
         elif isinstance(action, DeleteObject):
             if action.kind == "Job":
                 self.jobs.pop(action.name, None)

@@ -141,8 +141,9 @@ def test_findings_are_sorted_error_warning_info_then_code() -> None:
             "v1.37.2", ("kube-proxy-node-0", "kube-proxy-node-1"), False, ["StaticPodKubeProxy"]
         ),
         pytest.param("v1.30.4+k3s1", (), False, ["EmbeddedKubeProxy"], id="k3s"),
+        # RKE2 runs kube-proxy as a static pod the agent writes, not inside the agent.
         pytest.param(
-            "v1.30.4+rke2r1", ("kube-proxy-node-0",), False, ["EmbeddedKubeProxy"], id="rke2"
+            "v1.30.4+rke2r1", ("kube-proxy-node-0",), False, ["StaticPodKubeProxy"], id="rke2"
         ),
     ],
 )

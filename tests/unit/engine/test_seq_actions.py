@@ -149,3 +149,33 @@ def test_an_action_the_phase_cannot_honour_posts_a_warning(where: str, action: s
     run.steps(3)
     assert _warned_about(run, since, action), f"{action} in {phase}: nothing said"
     assert sim.action is None, "consumed"
+
+
+def test_a_promote_set_again_at_once_is_acted_on_not_swallowed() -> None:
+    """A person promotes stage after stage (the examples in the sandbox, an Argo CD action):
+    the look that removes the first annotation forgets it too, so a second ``promote`` that
+    arrives before any look saw the annotation gone is a new request, not the old one. Here
+    the second stage adds no node (25 % of four is the canaries), so it bakes at once.
+    Found by tests/examples/test_as_a_user_*.py: the 25 % stage of the canary example sat out
+    its two-hour bake."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    stages = [
+        {
+            "name": "canary",
+            "nodeSelector": {"matchLabels": {"pool": "canary"}},
+            "bakeSeconds": 86400,
+        },
+        {"name": "quarter", "percent": 25, "bakeSeconds": 86400},
+        {"name": "all", "percent": 100, "bakeSeconds": 86400},
+    ]
+    run = Run(sim, make_policy(stages=stages))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    sim.action = "promote"
+    run.step()
+    assert run.policy.status.current_stage == 1
+    run.step()
+    assert sim.action is None, "removed once the promotion was stored"
+    assert run.policy.status.phase == Phase.ANALYZING, "the quarter stage bakes at once"
+    sim.action = "promote"  # before any look saw the first one gone
+    run.step()
+    assert run.policy.status.current_stage == 2, run.policy.status.message

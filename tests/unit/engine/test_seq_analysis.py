@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxymode.api.models import Phase
+from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.engine.actions import EmitEvent
 from tests.unit.engine.seq import (
     ANALYSIS,
@@ -229,3 +229,28 @@ def test_a_round_during_a_newcomers_move_is_recorded_so_the_interval_holds() -> 
     assert run.policy.status.phase == Phase.PROGRESSING, "still moving the newcomer"
     analysis = run.policy.status.analysis
     assert analysis is not None and analysis.last_round_time == sim._last_round
+
+
+def test_a_baseline_from_source_proxies_still_settling_is_replaced_once_they_settle() -> None:
+    """Fresh source kube-proxies sync slowly at first: a baseline taken from them would be
+    high, and ``maxRatioToBaseline`` lenient. Rounds while they settle (warmupSeconds +
+    windowSeconds) only provisionally set it; the first round after keeps its value."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    sim.verdict = "Pass"
+    sim.baseline_values = {"sync-latency": 2.5}  # the fresh pods' slow first syncs
+    slow = [{**s, "bakeSeconds": 120} for s in THREE_STAGES]
+    policy = make_policy(stages=slow, analysis={**ANALYSIS, "warmupSeconds": 30})
+    run = Run(sim, policy)
+    born = sim.now
+
+    def settle(_i: int, s: Sim, _p: ProxyModePolicy) -> None:
+        age = (s.now - born).total_seconds()
+        if age >= 30 + 10:  # warmupSeconds + windowSeconds: settled
+            s.baseline_values = {"sync-latency": 0.3 if age < 70 else 9.9}  # then kept
+
+    run.until(lambda p: p.status.baseline is not None and bool(p.status.baseline.metrics))
+    assert run.policy.status.baseline is not None
+    assert run.policy.status.baseline.provisional == ["sync-latency"]
+    run.until(terminal, hook=settle)
+    baseline = run.policy.status.baseline
+    assert baseline.metrics == {"sync-latency": 0.3} and baseline.provisional == []

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
-
 from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.engine import naming
 from proxymode.engine.actions import CreateJob
@@ -32,11 +30,14 @@ STOPPED = (Phase.PAUSED, Phase.ROLLING_BACK, Phase.ROLLED_BACK, Phase.FAILED)
 
 
 def _jobs_for(run: Run, node: str) -> list[CreateJob]:
+    """The cleanup Jobs created for ``node`` (not its verification Jobs)."""
     return [
         a
         for d in run.decisions
         for a in d.actions
-        if isinstance(a, CreateJob) and a.job["spec"]["template"]["spec"]["nodeName"] == node
+        if isinstance(a, CreateJob)
+        and a.job["spec"]["template"]["spec"]["nodeName"] == node
+        and a.job["metadata"]["name"].startswith("proxymode-cleanup-")
     ]
 
 
@@ -45,11 +46,6 @@ def _said(run: Run) -> str:
     return f"{st.message} {rollback_text(st)}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 6: a node whose old pod never terminates stays switching forever,"
-    " unexplained",
-)
 def test_a_node_stuck_switching_pauses_or_breaches_naming_it_after_a_deadline() -> None:
     """issue 9 item 6: the old kube-proxy stuck terminating: after a deadline, a clear pause
     or breach naming the node, not an endless wait."""
@@ -60,11 +56,6 @@ def test_a_node_stuck_switching_pauses_or_breaches_naming_it_after_a_deadline() 
     assert "canary-1" in _said(run), _said(run)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 6: a cleanup Job that never finishes is waited on forever; the Job"
-    " has no activeDeadlineSeconds",
-)
 def test_a_cleanup_job_that_never_finishes_has_a_deadline_and_the_move_breaches() -> None:
     """issue 9 item 6: cleanup Jobs carry activeDeadlineSeconds; a hung one ends in a
     pause or breach naming the node."""
@@ -78,10 +69,6 @@ def test_a_cleanup_job_that_never_finishes_has_a_deadline_and_the_move_breaches(
     assert "canary-1" in _said(run), _said(run)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 6: a node stuck switching during rollback waits forever, unexplained",
-)
 def test_a_node_stuck_switching_in_rollback_fails_naming_it_after_a_deadline() -> None:
     """issue 9 item 6 (RollingBack): the same deadline holds on the way back."""
     sim = Sim.cluster({"canary": 2, "general": 2})
@@ -94,11 +81,6 @@ def test_a_node_stuck_switching_in_rollback_fails_naming_it_after_a_deadline() -
     assert "canary-1" in _said(run), _said(run)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 9: KeyError 'spec' on every look once the source DaemonSet is gone"
-    " mid-move; the finalizer is never released",
-)
 def test_deleting_the_source_daemon_set_mid_cleanup_move_fails_clearly_and_releases() -> None:
     """issue 9 item 9: the source DaemonSet gone while an iptables->ipvs move sits at
     switching: no exception, a clear failure, and deletion releases the finalizer."""
@@ -116,11 +98,6 @@ def test_deleting_the_source_daemon_set_mid_cleanup_move_fails_clearly_and_relea
     assert run.decisions[-1].release_finalizer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 9: KeyError 'spec' when the source DaemonSet is gone while a move"
-    " sits at switching",
-)
 def test_deleting_the_source_daemon_set_while_the_cleanup_job_is_pending_never_raises() -> None:
     """issue 9 item 9: the same, with the node at switching before its cleanup Job exists."""
     sim = Sim.cluster({"canary": 1, "general": 1})
@@ -160,10 +137,6 @@ def test_finalize_waits_until_every_planned_node_is_on_the_target() -> None:
     assert len(_jobs_for(run, "canary-1")) >= 2, "moved back to ipvs with a fresh cleanup"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 11: a stale successful cleanup Job of the same name is reused",
-)
 def test_a_stale_successful_cleanup_job_is_not_reused() -> None:
     """issue 9 item 11: a succeeded cleanup Job left from before (node re-registered under
     the same name) does not count for this move: a fresh one runs."""
@@ -175,11 +148,6 @@ def test_a_stale_successful_cleanup_job_is_not_reused() -> None:
     assert _jobs_for(run, "canary-1"), "no cleanup ran for this move"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 16: an unhealthy later-stage node holds the budget; the status never"
-    " names it",
-)
 def test_the_status_names_the_unhealthy_node_that_holds_the_budget() -> None:
     """issue 9 item 16: one unhealthy node in a later stage blocks moves; status names it."""
     sim = Sim.cluster({"canary": 2, "general": 4})
@@ -205,11 +173,6 @@ def test_a_mixed_mode_newcomer_that_cannot_finish_is_reported_degraded() -> None
     assert "canary-3" in (st.message or "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 18: one not-Ready look an hour after start rolls back: age is"
-    " measured from pod creation",
-)
 def test_one_not_ready_look_on_a_long_healthy_canary_does_not_roll_back() -> None:
     """issue 9 item 18: readiness is timed from when the pod stopped being Ready."""
     sim = Sim.cluster({"canary": 2, "general": 2})
@@ -239,10 +202,6 @@ def test_a_canary_not_ready_for_longer_than_the_timeout_rolls_back() -> None:
     assert "canary-1" in rollback_text(run.policy.status)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 25: readyTimeoutSeconds is charged for the old pod's termination",
-)
 def test_ready_timeout_is_not_charged_for_the_old_pods_termination() -> None:
     """issue 9 item 25: an old pod that takes 12 s to go, a new one Ready at once, with
     readyTimeoutSeconds 10: the move succeeds."""
@@ -253,10 +212,6 @@ def test_ready_timeout_is_not_charged_for_the_old_pods_termination() -> None:
     assert run.policy.status.phase == Phase.ANALYZING, rollback_text(run.policy.status)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 Also: a hand-set target label is trusted as a finished move (no cleanup)",
-)
 def test_a_hand_set_target_label_is_not_trusted_as_a_finished_move() -> None:
     """issue 9 Also: a node a person labelled proxymode.io/mode=ipvs by hand is moved
     properly (through switching, with its cleanup Job) or the run pauses naming it."""
@@ -275,3 +230,50 @@ def test_a_hand_set_target_label_is_not_trusted_as_a_finished_move() -> None:
 
     run.until(watch)
     assert paused_naming or _jobs_for(run, "general-3"), "general-3 switched with no cleanup"
+    said = [e.message for e in run.events("HandSetLabel")]
+    assert paused_naming or (len(said) == 1 and "general-3" in said[0]), said
+
+
+def test_a_hand_set_label_in_the_stage_under_way_is_not_trusted_either() -> None:
+    """A node of the stage that is moving now, labelled by hand before its own move
+    started, is not counted as moved: it walks back and moves again, through switching
+    and with its cleanup, and the stage does not bake until it has."""
+    sim = Sim.cluster({"canary": 3, "general": 1})
+    run = Run(sim, make_policy(targetMode="ipvs"), check=False)
+
+    def one_moved(p: ProxyModePolicy) -> bool:
+        return (
+            p.status.phase == Phase.PROGRESSING
+            and sim.nodes["canary-1"].labels.get(MODE_LABEL) == "ipvs"
+        )
+
+    run.until(one_moved)
+    moving = {m.node for m in run.policy.status.moves}
+    waiting = [
+        n
+        for n in ("canary-2", "canary-3")
+        if n not in moving and sim.nodes[n].labels.get(MODE_LABEL) is None
+    ]
+    assert waiting, "no canary node waits for its move"
+    node = waiting[-1]
+    jobs_before = len(_jobs_for(run, node))
+    sim.nodes[node].labels[MODE_LABEL] = "ipvs"
+    run.until(lambda p: p.status.phase == Phase.ANALYZING or terminal(p))
+    said = [e.message for e in run.events("HandSetLabel")]
+    assert len(said) == 1 and node in said[0], said
+    assert len(_jobs_for(run, node)) > jobs_before, f"{node} counted as moved with no cleanup"
+    stage = run.policy.status.stages[0]
+    assert stage.moved is not None and node in stage.moved
+    assert stage.nodes_done == len(stage.nodes)
+
+
+def test_a_status_from_before_moved_was_recorded_trusts_the_nodes_on_target() -> None:
+    """An operator upgraded mid-stage reads a status without ``moved``: the nodes it finds on
+    the target are the earlier operator's moves, never walked back as hand-set."""
+    sim = Sim.cluster({"canary": 3, "general": 1})
+    run = Run(sim, make_policy(), check=False)
+    run.until(lambda p: p.status.phase == Phase.PROGRESSING and p.status.stages[0].nodes_done > 0)
+    run.policy.status.stages[0].moved = None
+    run.until(lambda p: p.status.phase == Phase.ANALYZING or terminal(p))
+    assert run.policy.status.phase == Phase.ANALYZING, rollback_text(run.policy.status)
+    assert run.events("HandSetLabel") == []

@@ -149,6 +149,8 @@ def test_dropping_the_stage_in_progress_keeps_its_moved_nodes_and_deletion_resto
         run.steps(6)
     recorded = {n for s in run.policy.status.stages for n in s.nodes}
     assert moved <= recorded, f"forgotten: {sorted(moved - recorded)}"
+    # Their finished moves are kept too: never taken for a person's label and walked back.
+    assert run.events("HandSetLabel") == [], run.events("HandSetLabel")
     run.deleting = True
     run.until(lambda p: False, limit=300)
     sim.collect_garbage("uid-1")
@@ -311,3 +313,19 @@ def test_check_world_catches_two_proxies() -> None:
     sim.pods.append(sim.pods[0].__class__("extra", "canary-1", "kube-proxy-nftables", "x"))
     with pytest.raises(AssertionError, match="two kube-proxies"):
         check_world(sim, run.policy.status, 1, {})
+
+
+def test_a_dropped_stage_s_finished_moves_are_never_taken_for_hand_set_labels() -> None:
+    """The stage in progress is dropped once its nodes are all moved: the stage that takes
+    them over (a new one) keeps them as this policy's moves, never walking them back."""
+    sim = Sim.cluster({"canary": 2, "general": 6})
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.current_stage == 1 and p.status.phase == Phase.ANALYZING)
+    moved = nodes_labelled(sim, "nftables")
+    assert any(n.startswith("general") for n in moved)
+    run.policy = with_spec(run.policy, stages=EDITS["drop"])
+    run.steps(3)
+    sim.action = "resume"
+    run.until(lambda p: p.status.phase in (Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED))
+    assert run.policy.status.phase == Phase.COMPLETED
+    assert run.events("HandSetLabel") == [], [e.message for e in run.events("HandSetLabel")]

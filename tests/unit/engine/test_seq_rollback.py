@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from proxymode.api.models import Phase
+from proxymode.engine.objects import DEFAULT_STRATEGY, STRATEGY_ANNOTATION
 from proxymode.engine.observed import MODE_LABEL
 from tests.unit.engine.seq import (
     Run,
@@ -28,11 +27,6 @@ def _source_spec(sim: Sim) -> dict[str, object]:
     return dict(sim.get("DaemonSet", "kube-proxy")["spec"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 13: after a lost status write, rollback leaves a switching node"
-    " and says RolledBack",
-)
 def test_rollback_undoes_what_the_labels_say_even_after_a_lost_status_write() -> None:
     """issue 9 item 13: the labels (the snapshot of them), not status.stages alone, decide
     what rollback undoes; the RolledBack message names the real source mode."""
@@ -53,11 +47,6 @@ def test_rollback_undoes_what_the_labels_say_even_after_a_lost_status_write() ->
     run.assert_restored()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 14: after BackupLost, rollback leaves OnDelete + NotIn on the source"
-    " and says RolledBack",
-)
 def test_after_backup_lost_the_operators_own_patch_never_outlives_the_run() -> None:
     """issue 9 item 14: the backup ConfigMap deleted mid-run: whatever follows (retry, roll
     back, a new run), the operator's OnDelete + NotIn patch does not stay on the source."""
@@ -75,32 +64,61 @@ def test_after_backup_lost_the_operators_own_patch_never_outlives_the_run() -> N
     assert _source_spec(sim)["updateStrategy"] == original["updateStrategy"], "after run 2"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 15: Finalize reverts an image bump made to the source mid-rollout",
-)
+def _bump_source_image(sim: Sim) -> str:
+    ds = sim.get("DaemonSet", "kube-proxy")
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    bumped = str(container["image"]).rsplit(":", 1)[0] + ":v1.37.3"
+    container["image"] = bumped
+    sim._store(ds)
+    return bumped
+
+
+def _image(sim: Sim, daemon_set: str) -> str:
+    return str(
+        sim.get("DaemonSet", daemon_set)["spec"]["template"]["spec"]["containers"][0]["image"]
+    )
+
+
 def test_finalize_keeps_an_image_bump_made_to_the_source_mid_rollout() -> None:
     """issue 9 item 15: finalize restores only what the operator changed (affinity, update
     strategy); a person's image bump on the source DaemonSet survives."""
     sim = Sim.cluster({"canary": 2, "general": 2})
     run = Run(sim, make_policy())
+    original = json.loads(run.original_ds)
     run.until(lambda p: p.status.current_stage == 1)
-    ds = sim.get("DaemonSet", "kube-proxy")
-    container = ds["spec"]["template"]["spec"]["containers"][0]
-    bumped = container["image"].rsplit(":", 1)[0] + ":v1.37.3"
-    container["image"] = bumped
-    sim._store(ds)
+    bumped = _bump_source_image(sim)
+    run.steps(3)
+    assert _image(sim, "kube-proxy-nftables") == bumped, "the target follows the source's edit"
     run.until(terminal)
     assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
-    image = sim.get("DaemonSet", "kube-proxy")["spec"]["template"]["spec"]["containers"][0]
-    assert image["image"] == bumped
+    assert _image(sim, "kube-proxy") == bumped
+    assert _source_spec(sim)["updateStrategy"] == original["updateStrategy"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 item 24: deleting a policy whose rollback is stuck flips Failed <->"
-    " RollingBack every look",
-)
+def test_rollback_keeps_an_image_bump_made_to_the_source_mid_rollout() -> None:
+    """issue 9 item 15, after rollback: the source's affinity and strategy come back from
+    the snapshot, a person's image bump stays, and every node runs the bumped image."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    run = Run(sim, make_policy())
+    original = json.loads(run.original_ds)
+    run.until(lambda p: p.status.current_stage == 1)
+    bumped = _bump_source_image(sim)
+    sim.action = "abort"
+    run.until(lambda p: p.status.phase == Phase.ROLLED_BACK)
+    run.settle()
+    spec = _source_spec(sim)
+    assert _image(sim, "kube-proxy") == bumped
+    assert spec["updateStrategy"] == original["updateStrategy"]
+    affinity = spec["template"]["spec"].get("affinity")  # type: ignore[index]
+    assert affinity == original["template"]["spec"].get("affinity")
+    assert all(MODE_LABEL not in n.labels for n in sim.nodes.values())
+    for node in sim.nodes:
+        pods = sim.proxies_on(node)
+        assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready, node
+    status = sim.get("DaemonSet", "kube-proxy")["status"]
+    assert status["updatedNumberScheduled"] == len(sim.nodes), "every pod of the bumped template"
+
+
 def test_deleting_a_policy_whose_rollback_is_stuck_does_not_flap() -> None:
     """issue 9 item 24: a stuck rollback, then delete: one state, not a Failed/RollingBack
     pair and a Warning Event every look."""
@@ -120,11 +138,6 @@ def test_deleting_a_policy_whose_rollback_is_stuck_does_not_flap() -> None:
     assert len(warnings) <= 3, [w.reason for w in warnings]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 Also: rollback from Finalizing walks nodes back before the ConfigMap is"
-    " restored; source pods it starts read the target mode",
-)
 def test_rollback_from_finalizing_restores_the_config_map_before_walking_nodes_back() -> None:
     """issue 9 Also (config ordering): every source pod started by a rollback from
     Finalizing reads the source mode."""
@@ -150,11 +163,6 @@ def test_rollback_from_finalizing_restores_the_config_map_before_walking_nodes_b
     run.assert_restored()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 Also: restore-done requires the whole spec to equal the snapshot; a new"
-    " server-side default loops forever",
-)
 def test_a_new_server_side_default_does_not_stop_the_restore_from_finishing() -> None:
     """issue 9 Also: the API server starts defaulting a field after the snapshot; rollback
     still finishes, with the operator's own changes (affinity, strategy) undone."""
@@ -170,3 +178,57 @@ def test_a_new_server_side_default_does_not_stop_the_restore_from_finishing() ->
     affinity = spec["template"]["spec"].get("affinity")  # type: ignore[index]
     assert affinity == original["template"]["spec"].get("affinity")
     assert all(MODE_LABEL not in n.labels for n in sim.nodes.values())
+
+
+def test_the_source_patch_and_restore_keep_another_policys_exclusion() -> None:
+    """A rival policy on other pools of the same DaemonSet (Failed, so no longer counted in
+    flight) left canary-1 on its target, ipvs, and its ``NotIn [ipvs, switching]`` on the
+    source. This policy's snapshot, source patch and restore keep that exclusion: the source
+    kube-proxy never comes back onto canary-1, next to the rival's proxy."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    rival = {"key": MODE_LABEL, "operator": "NotIn", "values": ["ipvs", "switching"]}
+    required = {"nodeSelectorTerms": [{"matchExpressions": [rival]}]}
+    ds = sim.get("DaemonSet", "kube-proxy")
+    ds["spec"]["template"]["spec"]["affinity"] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+    }
+    ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    ds["metadata"]["annotations"] = {STRATEGY_ANNOTATION: json.dumps(DEFAULT_STRATEGY)}
+    sim._store(ds)
+    sim.nodes["canary-1"].labels[MODE_LABEL] = "ipvs"
+    for _ in range(3):
+        sim.tick()
+    assert not sim.proxies_on("canary-1"), "the rival's node runs no source proxy"
+    run = Run(
+        sim,
+        make_policy(
+            nodeSelector={"matchLabels": {"pool": "general"}},
+            stages=[{"name": "all", "percent": 100, "bakeSeconds": 600}],
+            finalize=False,
+        ),
+        check=False,
+    )
+    on_rival = []
+    for _ in range(200):
+        run.step()
+        on_rival += [p.name for p in sim.proxies_on("canary-1")]
+        if run.policy.status.phase in (Phase.ANALYZING, Phase.FAILED):
+            break
+    assert run.policy.status.phase == Phase.ANALYZING, run.policy.status.message
+    sim.action = "abort"
+    for _ in range(200):
+        run.step()
+        on_rival += [p.name for p in sim.proxies_on("canary-1")]
+        if run.policy.status.phase in (Phase.ROLLED_BACK, Phase.FAILED):
+            break
+    assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+    run.settle()
+    on_rival += [p.name for p in sim.proxies_on("canary-1")]
+    assert not on_rival, f"the source kube-proxy came onto the rival's node: {on_rival}"
+    affinity = _source_spec(sim)["template"]["spec"]["affinity"]  # type: ignore[index]
+    assert (
+        rival
+        in affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ][0]["matchExpressions"]
+    )

@@ -25,6 +25,7 @@ from tests.unit.engine.seq import (
     rollback_code,
     rollback_text,
     terminal,
+    with_exclusion_term,
 )
 from tests.unit.engine.sim import Sim
 
@@ -56,9 +57,10 @@ def test_forward_through_three_stages_then_finalize() -> None:
         pods = sim.proxies_on(node)
         assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready
     ds = sim.get("DaemonSet", "kube-proxy")
-    assert json.dumps(ds["spec"], sort_keys=True) == run.original_ds, (
-        "own affinity and strategy back"
-    )
+    # finalizeSourceTemplate: KeepExclusionTerm (the default, decision 0014): the strategy
+    # back, the template the nodes were handed back to kept, every kube-proxy started twice.
+    assert ds["spec"] == with_exclusion_term(json.loads(run.original_ds), "nftables")
+    assert sim.starts == dict.fromkeys(sim.nodes, 2), sim.starts
     assert st.node_progress == "8/8"
     assert {c.type: c.status for c in st.conditions}["Ready"] == "True"
 
@@ -102,20 +104,7 @@ def phases_by_step() -> tuple[str, ...]:
 
 
 IN_FLIGHT = ("Pending", "Progressing", "Analyzing", "Finalizing")
-ROLLBACK_READS_TARGET_MODE = pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 Also (config ordering): rollback from Finalizing walks nodes back before"
-    " the ConfigMap is restored; the source pods it starts read nftables",
-)
-ABORT_POINTS = [
-    pytest.param(
-        phase,
-        which,
-        marks=[ROLLBACK_READS_TARGET_MODE] if (phase, which) == ("Finalizing", "last") else [],
-    )
-    for phase in IN_FLIGHT
-    for which in ("first", "middle", "last")
-]
+ABORT_POINTS = [(phase, which) for phase in IN_FLIGHT for which in ("first", "middle", "last")]
 
 
 def abort_step(phase: str, which: str) -> int:
@@ -365,3 +354,21 @@ def test_retry_of_a_failed_run_walks_it_back_then_starts_the_new_run() -> None:
     reasons = [h.reason for h in st.history]
     assert reasons.count("Retry") == 1, reasons
     assert config_mode(sim) == "ipvs"
+
+
+def test_a_canary_that_crash_loops_before_it_is_ever_ready_fails_its_move_at_once() -> None:
+    """A new kube-proxy that keeps exiting (a mode the kernel lacks) is not waited on for the
+    whole readyTimeoutSeconds: its restarts fail the move, and the rollback starts."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    sim.crashloop_target = True
+    run = Run(sim, make_policy(readyTimeoutSeconds=300))
+    started = sim.now
+    run.until(lambda p: p.status.phase in (Phase.ROLLING_BACK, Phase.ROLLED_BACK))
+    waited = (sim.now - started).total_seconds()
+    assert waited < 120, f"rolled back {waited:.0f}s in, for a 300 s ready timeout"
+    st = run.policy.status
+    assert rollback_code(st) == "KubeProxyUnhealthy"
+    assert "before it was ever Ready" in rollback_text(st), rollback_text(st)
+    run.until(terminal)
+    sim.crashloop_target = False
+    run.assert_restored()

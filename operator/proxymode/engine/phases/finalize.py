@@ -1,11 +1,12 @@
 """Finalizing: write the target mode into the source ConfigMap, hand every node back to the
-source DaemonSet, delete the target pair, restore the source's own affinity and strategy."""
+source DaemonSet, delete the target pair, restore the source's own update strategy (and,
+with ``finalizeSourceTemplate: Exact``, its own affinity: one more rolling restart)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from proxymode.api.models import MoveDirection, Phase
+from proxymode.api.models import MoveDirection, Phase, SourceTemplate
 from proxymode.api.reasons import EventReason, FailureReason, PauseReason
 from proxymode.engine import moves, objects
 from proxymode.engine.look import Look
@@ -67,12 +68,21 @@ def look(lk: Look) -> Phase | None:
 
 
 def _restore_source(lk: Look, backup: Mapping[str, str], src_ds: Object) -> bool:
+    """The source's update strategy back, and its own affinity too when the policy asks
+    for the exact template (decision 0014). With ``KeepExclusionTerm`` the pod template
+    stays the one every node was just handed back to: no kube-proxy restarts again."""
     if not delete_target_pair(lk):
         return False
+    keep = lk.spec.finalize_source_template == SourceTemplate.KEEP_EXCLUSION_TERM
+    what = "update strategy" if keep else "affinity and update strategy"
     if not restore_source_spec(
-        lk, src_ds, backup, "restore the source DaemonSet's own affinity and update strategy"
+        lk, src_ds, backup, f"restore the source DaemonSet's own {what}", keep_template=keep
     ):
-        lk.status.message = "restoring the source DaemonSet: one rolling restart follows"
+        lk.status.message = (
+            "restoring the source DaemonSet's update strategy (its pod template stays)"
+            if keep
+            else "restoring the source DaemonSet's affinity: one rolling restart follows"
+        )
         return False
     if not rolled_out(src_ds):
         lk.status.message = "waiting for the source DaemonSet's rolling restart"

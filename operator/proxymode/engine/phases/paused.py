@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from proxymode.api.models import Phase, Verdict
-from proxymode.api.reasons import EventReason, PauseReason, RollbackReason
-from proxymode.engine import moves
+from proxymode.api.reasons import EventReason, PauseReason
+from proxymode.engine import moves, node_checks
 from proxymode.engine.commands import resume
 from proxymode.engine.look import Look
 
@@ -13,9 +13,9 @@ def look(lk: Look) -> Phase | None:
     if lk.status.paused_reason == PauseReason.SPEC and not lk.spec.paused:
         return _resume(lk)
     # In-flight moves finish (a node is never left between proxies); no new ones start.
-    failure = moves.drive(lk) or moves.health_failure(lk)
+    failure = moves.drive(lk) or node_checks.health_failure(lk)
     if failure and lk.spec.rollback.automatic:
-        lk.start_rollback(RollbackReason.KUBE_PROXY_UNHEALTHY, failure)
+        lk.start_rollback(moves.failure_reason(failure), failure)
         return None
     if failure:
         # rollback.automatic is false: nothing undoes it, so it must be said (item 22).

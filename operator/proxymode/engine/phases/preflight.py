@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from proxymode.api.models import Phase, Preflight, Severity, StageStatus
+from collections.abc import Sequence
+
+from proxymode.api.models import Finding, Phase, Preflight, Severity, StageStatus
 from proxymode.api.reasons import EventReason, FailureReason
 from proxymode.engine import naming
 from proxymode.engine.actions import DeleteObject
@@ -58,6 +60,16 @@ def look(lk: Look) -> Phase | None:
     lk.status.baseline = result.baseline
     lk.status.source_mode = result.source_mode
     lk.status.target_mode = lk.target_mode
+    if not result.passed and _waiting_for_series(lk, result.findings):
+        # Only Prometheus's series are missing, and preflight is young: a scrape may not have
+        # happened yet (a fresh node, a fresh Prometheus). Hold, changing nothing; after the
+        # grace the refusal stands (the findings already say which nodes and checks).
+        lk.status.message = (
+            "waiting for Prometheus to have the checks' series for every eligible node"
+            f" (up to {series_grace(lk)} s from the start of preflight); nothing changed"
+        )
+        lk.requeue = 5
+        return None
     if not result.passed:
         errors = [f.message for f in result.findings if f.severity == Severity.ERROR]
         lk.fail(FailureReason.PREFLIGHT_FAILED, "; ".join(errors))
@@ -76,6 +88,23 @@ def look(lk: Look) -> Phase | None:
         f" {result.source_mode} to {lk.spec.target_mode} in {len(plan)} stages",
     )
     return Phase.PROGRESSING
+
+
+SERIES_GRACE_MIN_SECONDS = 30
+
+
+def series_grace(lk: Look) -> int:
+    """How long preflight waits for missing series: two analysis intervals, at least 30 s."""
+    interval = lk.spec.analysis.interval_seconds if lk.spec.analysis is not None else 0
+    return max(SERIES_GRACE_MIN_SECONDS, 2 * interval)
+
+
+def _waiting_for_series(lk: Look, findings: Sequence[Finding]) -> bool:
+    errors = [f for f in findings if f.severity == Severity.ERROR]
+    if not errors or any(f.code != Code.METRIC_SERIES_MISSING for f in errors):
+        return False
+    started = lk.status.started_time or lk.now
+    return (lk.now - started).total_seconds() < series_grace(lk)
 
 
 def _ahead_of_me(lk: Look) -> str | None:

@@ -6,17 +6,35 @@ goes, so deleting a policy never leaves a node on a kube-proxy nobody manages.
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
+
 from proxymode.api.models import MoveDirection, Phase, StagePhase
 from proxymode.api.reasons import EventReason, FailureReason, RollbackReason
-from proxymode.engine import moves
+from proxymode.engine import moves, objects
+from proxymode.engine.actions import PatchObject, SetNodeMode
 from proxymode.engine.look import Look
-from proxymode.engine.restore import restore
+from proxymode.engine.observed import SWITCHING, ProxyKind
+from proxymode.engine.preflight.nodes import scheduled_by
+from proxymode.engine.restore import generation_observed, patch_config_data, restore
 
 
 def look(lk: Look) -> Phase | None:
+    if lk.obs.source_daemon_set is None or lk.obs.source_config_map is None:
+        lk.fail(FailureReason.SOURCE_MISSING, f"rollback cannot finish: {_source_gone(lk)}")
+        return None
+    if not _source_config_first(lk):
+        return None
     failure = moves.drive(lk, MoveDirection.BACK)
     if failure:
         lk.fail(FailureReason.ROLLBACK_STUCK, f"rollback cannot finish: {failure}")
+        return None
+    strays = _unrecorded(lk)
+    if strays:
+        # Labelled by this run but missing from status.stages (a status write was lost):
+        # the labels decide, so they go back first, before any recorded stage.
+        moves.start_moves(lk, strays, MoveDirection.BACK)
+        lk.soon(2)
         return None
     for stage in reversed(lk.status.stages):
         pending = moves.labelled(lk, stage.nodes)
@@ -32,11 +50,121 @@ def look(lk: Look) -> Phase | None:
             return None
         if stage.phase not in (StagePhase.PENDING, StagePhase.ROLLED_BACK):
             stage.phase = StagePhase.ROLLED_BACK
-    if lk.status.moves:
-        return None
-    if restore(lk):
+    if not lk.status.moves and not _restart_what_read_the_target_mode(lk) and restore(lk):
         _finish(lk)
     return None
+
+
+def _read_the_target_mode(lk: Look) -> list[str]:
+    """Source pods started after Finalizing wrote the target mode into the source ConfigMap
+    and before this rollback began: they run the target mode, whatever the ConfigMap now
+    says. Read from the history's last Finalizing and RollbackStarted entries of this run."""
+    since = _last(lk, EventReason.FINALIZING)
+    until = _last(lk, EventReason.ROLLBACK_STARTED)
+    run_start = _last(lk, EventReason.ROLLOUT_STARTED)
+    if since is None or until is None or until < since or (run_start and since < run_start):
+        return []  # this run never finalized: an earlier run's Finalizing says nothing
+    return [
+        p.name
+        for p in lk.obs.pods
+        if p.kind == ProxyKind.SOURCE
+        and not p.terminating
+        and p.created is not None
+        and since <= p.created <= until
+    ]
+
+
+def _last(lk: Look, reason: EventReason) -> datetime | None:
+    times = [h.time for h in lk.status.history if h.reason == reason]
+    return max(times) if times else None
+
+
+def _restart_what_read_the_target_mode(lk: Look) -> bool:
+    """Source pods that run the target mode (Finalizing handed their nodes back, or its
+    rolling restart ran) are walked once more through ``switching`` now that the ConfigMap
+    is back, with their cleanup where the pair needs one: a rolling restart alone would
+    skip any pod whose template is already the final one. The operator's source patch goes
+    on again first (OnDelete: nothing restarts) so that ``switching`` empties the node.
+    True while that is under way."""
+    src_ds = lk.obs.source_daemon_set
+    nodes = sorted({p.node for p in lk.obs.pods if p.name in set(_read_the_target_mode(lk))})
+    if not nodes or src_ds is None:
+        return False
+    lk.soon(1)
+    if not objects.source_is_patched(src_ds, lk.target_mode):
+        backup = lk.obs.backup
+        strategy = (
+            objects.original_spec(backup).get("updateStrategy") if backup else None
+        ) or objects.DEFAULT_STRATEGY
+        meta = src_ds["metadata"]
+        lk.actions.append(
+            PatchObject(
+                "apps/v1",
+                "DaemonSet",
+                meta["namespace"],
+                meta["name"],
+                objects.source_patch(src_ds, lk.target_mode, strategy),
+                why="keep the source kube-proxy off switching nodes while restarting the"
+                f" {len(nodes)} that run {lk.target_mode}",
+            )
+        )
+        return True
+    if not generation_observed(src_ds):
+        return True
+    moves.start_moves(lk, nodes, MoveDirection.BACK, through_switching=True)
+    lk.status.message = (
+        f"{len(nodes)} source kube-proxies started in {lk.target_mode} while finalizing:"
+        " restarting them in the source mode"
+    )
+    return True
+
+
+def _source_config_first(lk: Look) -> bool:
+    """The source ConfigMap back to the snapshot before any node walks back: after
+    Finalizing wrote the target mode into it, a source pod started on a node walked back
+    would read the target mode. True when it holds the snapshot's data (or none is known)."""
+    backup, src_cm = lk.obs.backup, lk.obs.source_config_map
+    if backup is None or src_cm is None:
+        return True
+    if patch_config_data(
+        lk, src_cm, objects.original_config_data(backup), "restore the source ConfigMap first"
+    ):
+        return True
+    lk.soon(1)
+    return False
+
+
+def _unrecorded(lk: Look) -> list[str]:
+    """Nodes on the target or at switching that no stage records and the snapshot of
+    labels did not have so: moved by this run, then forgotten by a lost status write.
+
+    Only nodes this run's source DaemonSet runs on count: another migration (another
+    kube-proxy DaemonSet, other nodes) labels its own nodes the same way, and walking those
+    back would take their proxy away (found by the fault matrix). Not ``spec.nodeSelector``
+    or the kernel exclusions: a node this run labelled and that left the selector since must
+    still go back. Without a source DaemonSet every labelled node counts, as before."""
+    before = _labels_before(lk)
+    planned = set(lk.planned()) | {m.node for m in lk.status.moves}
+    source = lk.obs.source_daemon_set
+    nodes = lk.obs.nodes if source is None else scheduled_by(source, lk.obs.nodes)
+    mine = {n.name for n in nodes}
+    return [
+        n.name
+        for n in lk.obs.nodes
+        if n.mode_label in (lk.target_mode, SWITCHING)
+        and n.name in mine
+        and n.name not in planned
+        and before.get(n.name) != n.mode_label
+    ]
+
+
+def _labels_before(lk: Look) -> dict[str, str | None]:
+    backup = lk.obs.backup or {}
+    try:
+        labels: dict[str, str | None] = json.loads(backup.get(objects.BACKUP_NODES, "{}"))
+    except ValueError:
+        return {}
+    return labels
 
 
 def _finish(lk: Look) -> None:
@@ -45,10 +173,11 @@ def _finish(lk: Look) -> None:
     lk.status.completed_time = lk.now
     why = lk.status.rollback_reason or "rolled back"
     detail = f"{why}: {lk.status.rollback_message}" if lk.status.rollback_message else why
+    source = lk.status.source_mode or "its previous kube-proxy mode"
     lk.transition(
         Phase.ROLLED_BACK,
         EventReason.ROLLED_BACK,
-        f"every node runs {lk.status.source_mode} again ({detail})",
+        f"every node runs {source} again ({detail})",
     )
     if lk.obs.deleting:
         lk.release = True
@@ -62,6 +191,29 @@ def on_delete(lk: Look) -> Phase | None:
         # Nothing of this policy's is left to undo; what it owns goes with it (GC).
         lk.release = True
         return None
+    if lk.obs.source_daemon_set is None or lk.obs.source_config_map is None:
+        # Nothing to roll back to: the nodes cannot return to a DaemonSet that is gone. Say
+        # so once, take our labels off, and let the policy go (its objects go with it).
+        message = f"{_source_gone(lk)}; deleted without a rollback"
+        lk.fail(FailureReason.SOURCE_MISSING, message)
+        for name in moves.labelled(lk, lk.planned()):
+            view = lk.obs.node(name)
+            lk.actions.append(SetNodeMode(name, None, expect=view.mode_label if view else None))
+        lk.release = True
+        return None
+    deleting_failed = lk.status.rollback_reason == RollbackReason.POLICY_DELETED
+    if lk.status.phase == Phase.FAILED and deleting_failed:
+        # The deletion's own rollback got stuck: keep trying it, quietly, in Failed. Starting
+        # it again would flip Failed <-> RollingBack (and warn) on every look.
+        return Phase.ROLLING_BACK
     if lk.status.phase != Phase.ROLLING_BACK:
         lk.start_rollback(RollbackReason.POLICY_DELETED, "the policy is being deleted")
     return Phase.ROLLING_BACK
+
+
+def _source_gone(lk: Look) -> str:
+    what = "DaemonSet" if lk.obs.source_daemon_set is None else "ConfigMap"
+    return (
+        f"the source kube-proxy {what} in {lk.spec.kube_proxy.namespace} is gone, so no node"
+        " can return to it"
+    )

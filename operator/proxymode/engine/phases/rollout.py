@@ -18,10 +18,10 @@ from proxymode.api.models import (
     Verdict,
 )
 from proxymode.api.reasons import EventReason, PauseReason, RollbackReason
-from proxymode.engine import gate, moves
+from proxymode.engine import gate, moves, node_checks
 from proxymode.engine.gate import GateVerdict
 from proxymode.engine.look import Look
-from proxymode.engine.observed import CheckOutcome
+from proxymode.engine.observed import MODE_LABEL, CheckOutcome, ProxyKind
 from proxymode.engine.setup import ensure_setup
 from proxymode.engine.stages import covers_every_node, refresh_plan, start_stage
 
@@ -36,13 +36,17 @@ def look(lk: Look) -> Phase | None:
     _record_baseline(lk, stage)
     if stage.phase == StagePhase.PENDING:
         start_stage(lk, index)
-    failure = moves.drive(lk) or moves.health_failure(lk)
+    failure = moves.drive(lk) or node_checks.health_failure(lk)
     if failure:
-        lk.breach(RollbackReason.KUBE_PROXY_UNHEALTHY, failure)
+        lk.breach(moves.failure_reason(failure), failure)
         return None
-    moves.start_moves(lk, moves.forward_todo(lk), MoveDirection.FORWARD)
+    _walk_back_hand_labels(lk)
+    held = moves.start_moves(lk, node_checks.forward_todo(lk), MoveDirection.FORWARD)
+    moving = {m.node for m in lk.status.moves}  # Ready but not verified yet is not moved
     done = [
-        n for n in stage.nodes if moves.healthy_proxy(lk.obs, n, lk.target_mode) and lk.at_target(n)
+        n
+        for n in stage.nodes
+        if moves.healthy_proxy(lk.obs, n, lk.target_mode) and lk.at_target(n) and n not in moving
     ]
     stage.nodes_done = len(done)
     if len(done) < len(stage.nodes) or lk.status.moves:
@@ -54,6 +58,11 @@ def look(lk: Look) -> Phase | None:
             EventReason.STAGE_PROGRESSING,
             f"stage {stage.name}: {len(done)}/{len(stage.nodes)} nodes moved",
         )
+        if held:
+            lk.status.message = f"{lk.status.message or ''}" + (
+                f"; maxUnavailable is held by {_names(held)}, without a Ready kube-proxy:"
+                " no further node moves until that changes"
+            )
         lk.soon(2)
         return None
     if stage.phase == StagePhase.PROGRESSING:
@@ -65,6 +74,30 @@ def look(lk: Look) -> Phase | None:
         f"stage {stage.name}: all {len(done)} nodes moved; baking",
     )
     return _bake(lk, index)
+
+
+def _walk_back_hand_labels(lk: Look) -> None:
+    """A target label a person set (on a node whose stage has not started, or that no move
+    of this policy put there) is not a finished move: the node goes back (said once, when
+    its move starts) and moves with its stage."""
+    hand = node_checks.hand_labelled(lk)
+    if not hand:
+        return
+    moves.start_moves(lk, hand, MoveDirection.BACK)
+    started = [m.node for m in lk.status.moves if m.node in hand]
+    if started:
+        lk.event(
+            EventReason.HAND_SET_LABEL,
+            f"{_names(started)}: {MODE_LABEL}={lk.target_mode} was set outside this policy,"
+            f" not by a move of its own; moving back to {lk.status.source_mode or 'the source'}"
+            " (through switching, with the cleanup), to move again with the stage",
+            warning=True,
+        )
+
+
+def _names(nodes: Sequence[str], shown: int = 5) -> str:
+    more = f" and {len(nodes) - shown} more" if len(nodes) > shown else ""
+    return f"{'node' if len(nodes) == 1 else 'nodes'} {', '.join(nodes[:shown])}{more}"
 
 
 def _bake(lk: Look, index: int) -> Phase | None:
@@ -88,7 +121,7 @@ def _bake(lk: Look, index: int) -> Phase | None:
             else f"stage {stage.name}: baked; waiting for passing analysis rounds"
         )
         return None
-    behind = moves.forward_todo(lk)
+    behind = node_checks.forward_todo(lk)
     if index + 1 == len(lk.status.stages) and (behind or lk.status.moves):
         # The end (and Finalize's rolling restart) only with every planned node on the
         # target: one that lost its label is moved again first, with its cleanup (item 10).
@@ -184,13 +217,25 @@ def _record_baseline(lk: Look, stage: StageStatus) -> None:
     Taken before the first move too (the adapter runs a round then while a value is
     missing: a single 100 % stage has no baseline group afterwards), and retried on every
     round until every check has one: one timed-out query must not leave a check without
-    a baseline forever. A round taken before the stage bakes is recorded as the last round
-    (so the adapter waits ``intervalSeconds`` for the next), never counted."""
+    a baseline forever. A value from source kube-proxies still settling (one started within
+    ``warmupSeconds + windowSeconds`` of the round: slow first syncs) is provisional and
+    replaced by each later round until one from settled proxies keeps it. A round taken
+    before the stage bakes is recorded as the last round (so the adapter waits
+    ``intervalSeconds`` for the next), never counted."""
     round_, baseline, analysis = lk.obs.analysis, lk.status.baseline, lk.spec.analysis
     if round_ is None or baseline is None or analysis is None:
         return
+    settle = analysis.warmup_seconds + analysis.window_seconds
+    born = [p.created for p in lk.obs.pods if p.kind == ProxyKind.SOURCE and p.created]
+    settled = all((round_.time - b).total_seconds() >= settle for b in born)
     for name, value in round_.baseline_values.items():
-        baseline.metrics.setdefault(name, value)
+        if name in baseline.metrics and name not in baseline.provisional:
+            continue
+        baseline.metrics[name] = value
+        if settled:
+            baseline.provisional = [n for n in baseline.provisional if n != name]
+        elif name not in baseline.provisional:
+            baseline.provisional.append(name)
     if stage.phase != StagePhase.BAKING:
         status = lk.status.analysis or AnalysisStatus()
         lk.status.analysis = status

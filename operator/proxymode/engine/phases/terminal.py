@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from proxymode.api.models import MoveDirection, Phase
 from proxymode.api.reasons import RollbackReason
-from proxymode.engine import moves, naming
+from proxymode.engine import moves, naming, node_checks
 from proxymode.engine.actions import DeleteObject
 from proxymode.engine.commands import retry
 from proxymode.engine.look import Look
@@ -31,7 +31,7 @@ def _keep_mixed_mode(lk: Look) -> None:
     if failure:
         lk.status.message = failure
         lk.trouble = failure
-    moves.start_moves(lk, moves.forward_todo(lk, started_only=False), MoveDirection.FORWARD)
+    moves.start_moves(lk, node_checks.forward_todo(lk, started_only=False), MoveDirection.FORWARD)
     lk.requeue = 2 if lk.status.moves else 60
 
 

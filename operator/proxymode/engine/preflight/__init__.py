@@ -15,15 +15,21 @@ config) returns none, because an earlier check already said why. Any Error stops
 check              codes (severity)
 =================  =========================================================================
 SourceDaemonSet    SourceDaemonSetMissing, StaticPodKubeProxy, EmbeddedKubeProxy,
-                   DaemonSetDoesNotUseConfigMap (Error)
-SourceConfig       SourceConfigMapMissing, ConfigKeyMissing, ConfigInvalid (Error)
+                   KubeProxyFree, DaemonSetDoesNotUseConfigMap (Error)
+ManagedAddon       ManagedAddon (Error; Warning with managedAddon: Proceed): EKS, AKS, the
+                   addon manager reconcile kube-proxy back
+SourceConfig       SourceConfigMapMissing, ConfigKeyMissing, ConfigInvalid (Error);
+                   ConfigFieldIgnored (Warning): fields kube-proxy does not read
 TargetMode         AlreadyInTargetMode, ModeUnsupported, ConfigOverridesInvalid,
                    TargetConfigInvalid (Error); ModeDeprecated, TargetConfigNote (Warning);
                    FeatureGateAdded (Info)
 Kernels            KernelTooOld (Error, or Warning with incompatibleNodes: Exclude),
                    KernelUnknown (Warning)
 Nodes              NoEligibleNodes (Error); StageSelectsNothing, NodesNotReady (Warning);
-                   PartialCoverage (Info)
+                   PartialCoverage, ControlPlaneLast (Info; Warning when one goes first)
+Metrics            MetricsNotScraped (Warning): kube-proxy's metrics on loopback only;
+                   MetricSeriesMissing (Error): Prometheus lacks a check's series for
+                   eligible nodes (asked before the first move, ``Observed.series``)
 GitOps             ManagedByGitOps (Warning): Helm or Argo CD marks on the source objects
 OtherPolicies      AnotherPolicyInFlight (Error)
 Labels             NodesAlreadyLabelled (Error): proxymode.io/mode set before the policy
@@ -44,7 +50,15 @@ from typing import Final
 from proxymode.api.models import Baseline, Finding, PolicySpec, Severity
 from proxymode.engine.observed import NodeView, Observed
 from proxymode.engine.preflight.codes import Code
+from proxymode.engine.preflight.config_fields import ignored_fields
 from proxymode.engine.preflight.conflicts import gitops, labelled_nodes, other_policies
+from proxymode.engine.preflight.distributions import managed_addon
+from proxymode.engine.preflight.metrics import (
+    is_local,
+    metrics_address,
+    metrics_reach,
+    series_findings,
+)
 from proxymode.engine.preflight.nodes import eligible_nodes, node_findings, split_kernels
 from proxymode.engine.preflight.source import (
     config_map_use,
@@ -52,6 +66,7 @@ from proxymode.engine.preflight.source import (
     missing_daemon_set,
     proxy_version,
     read_source_config,
+    reads_other_config_map,
 )
 from proxymode.engine.preflight.target import check_target
 from proxymode.engine.preflight.text import get_str, value_counts
@@ -131,7 +146,12 @@ class Facts:
         # A static or embedded kube-proxy has no ConfigMap to look for: one finding says it all.
         if self.missing is not None and self.missing.code != Code.SOURCE_DAEMON_SET_MISSING:
             return None, []
-        return read_source_config(self.spec, self.observed.source_config_map)
+        config_map = self.observed.source_config_map
+        if config_map is not None and reads_other_config_map(self.spec, self.daemon_set):
+            # kube-proxy reads another ConfigMap: SourceDaemonSet names it and what to set;
+            # what this one holds does not matter.
+            return None, []
+        return read_source_config(self.spec, config_map, self.daemon_set)
 
     @cached_property
     def target(self) -> tuple[TargetConfig | None, list[Finding]]:
@@ -159,7 +179,36 @@ def check_source_daemon_set(facts: Facts) -> list[Finding]:
 
 
 def check_source_config(facts: Facts) -> list[Finding]:
-    return facts.source_read[1]
+    source = facts.source_read[0]
+    ignored = ignored_fields(facts.spec, source) if source is not None else []
+    return [*facts.source_read[1], *ignored]
+
+
+def check_managed_addon(facts: Facts) -> list[Finding]:
+    observed = facts.observed
+    return managed_addon(facts.spec, facts.daemon_set, observed.source_config_map, observed.nodes)
+
+
+def check_metrics(facts: Facts) -> list[Finding]:
+    source = facts.source_read[0]
+    if source is None:
+        return []
+    target = facts.target[0]
+    source_data = source.to_dict()
+    target_data = target.data if target is not None else None
+    # A NotReady node is scraped by nobody: its missing series are the NodesNotReady
+    # warning's business, not a refusal of the whole run.
+    eligible = [n.name for n in facts.kernels[0] if n.ready]
+    return [
+        *metrics_reach(facts.spec, source_data, target_data),
+        *series_findings(
+            facts.spec,
+            eligible,
+            facts.observed.series,
+            source_local=is_local(metrics_address(source_data)),
+            target_local=is_local(metrics_address(target_data or source_data)),
+        ),
+    ]
 
 
 def check_target_mode(facts: Facts) -> list[Finding]:
@@ -195,10 +244,12 @@ def check_labels(facts: Facts) -> list[Finding]:
 Check = Callable[[Facts], list[Finding]]
 CHAIN: Final[tuple[tuple[str, Check], ...]] = (
     ("SourceDaemonSet", check_source_daemon_set),
+    ("ManagedAddon", check_managed_addon),
     ("SourceConfig", check_source_config),
     ("TargetMode", check_target_mode),
     ("Kernels", check_kernels),
     ("Nodes", check_nodes),
+    ("Metrics", check_metrics),
     ("GitOps", check_gitops),
     ("OtherPolicies", check_other_policies),
     ("Labels", check_labels),

@@ -18,6 +18,10 @@ class Code(StrEnum):
     SOURCE_CONFIG_MAP_MISSING = "SourceConfigMapMissing"
     CONFIG_KEY_MISSING = "ConfigKeyMissing"
     CONFIG_INVALID = "ConfigInvalid"
+    CONFIG_FIELD_IGNORED = "ConfigFieldIgnored"
+    # distributions
+    MANAGED_ADDON = "ManagedAddon"
+    KUBE_PROXY_FREE = "KubeProxyFree"
     # target: the mode and its config
     ALREADY_IN_TARGET_MODE = "AlreadyInTargetMode"
     MODE_UNSUPPORTED = "ModeUnsupported"
@@ -33,6 +37,10 @@ class Code(StrEnum):
     STAGE_SELECTS_NOTHING = "StageSelectsNothing"
     PARTIAL_COVERAGE = "PartialCoverage"
     NODES_NOT_READY = "NodesNotReady"
+    CONTROL_PLANE_LAST = "ControlPlaneLast"
+    # metrics the checks need
+    METRICS_NOT_SCRAPED = "MetricsNotScraped"
+    METRIC_SERIES_MISSING = "MetricSeriesMissing"
     # conflicts
     MANAGED_BY_GITOPS = "ManagedByGitOps"
     ANOTHER_POLICY_IN_FLIGHT = "AnotherPolicyInFlight"

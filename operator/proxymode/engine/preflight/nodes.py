@@ -37,18 +37,26 @@ def eligible_nodes(
     ``proxymode.io/mode`` expressions the operator adds itself) and ``spec.nodeSelector``
     matches it. Taints are ignored: kube-proxy tolerates them all.
     """
-    pod_spec = get_mapping(source_daemon_set, "spec", "template", "spec")
-    node_selector = get_mapping(pod_spec, "nodeSelector")
-    terms = required_terms(pod_spec)
     chosen = [
         node
-        for node in nodes
-        if not node.deleting
-        and all(node.labels.get(k) == v for k, v in node_selector.items())
-        and terms_match(terms, node)
-        and selector_matches(spec.node_selector, node.labels)
+        for node in scheduled_by(source_daemon_set, nodes)
+        if not node.deleting and selector_matches(spec.node_selector, node.labels)
     ]
     return sorted(chosen, key=lambda n: n.name)
+
+
+def scheduled_by(daemon_set: Mapping[str, Any], nodes: Sequence[NodeView]) -> list[NodeView]:
+    """Nodes the DaemonSet would schedule a pod on (pod template ``nodeSelector`` and required
+    node affinity, minus the ``proxymode.io/mode`` expressions), whatever the policy selects."""
+    pod_spec = get_mapping(daemon_set, "spec", "template", "spec")
+    node_selector = get_mapping(pod_spec, "nodeSelector")
+    terms = required_terms(pod_spec)
+    return [
+        node
+        for node in nodes
+        if all(node.labels.get(k) == v for k, v in node_selector.items())
+        and terms_match(terms, node)
+    ]
 
 
 def required_terms(pod_spec: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
@@ -182,6 +190,7 @@ def node_findings(
                     f"reach its percent. It will complete at once; fix or remove it.",
                 )
             )
+    findings.extend(_control_plane(spec, eligible, plan))
     planned = sum(len(nodes) for nodes in plan)
     if planned < len(eligible):
         stay = sorted({n.name for n in eligible} - {name for nodes in plan for name in nodes})
@@ -206,6 +215,39 @@ def node_findings(
                 f"kube-proxy there may not become ready after the switch and hold up its "
                 f"stage; fix or drain them first.",
                 not_ready,
+            )
+        )
+    return findings
+
+
+def _control_plane(
+    spec: PolicySpec, eligible: list[NodeView], plan: list[list[str]]
+) -> list[Finding]:
+    """Control-plane nodes move last in their stages; say so, and warn when one is first."""
+    control = sorted(n.name for n in eligible if PlanNode(n.name, n.labels).control_plane)
+    if not control:
+        return []
+    findings = [
+        new_finding(
+            Severity.INFO,
+            Code.CONTROL_PLANE_LAST,
+            f"{plural(len(control), 'control-plane node')} ({name_list(control)}) move after "
+            f"every worker of their stage, so no percent stage starts on one; nothing to do.",
+            control,
+        )
+    ]
+    first = next(
+        ((stage, nodes[0]) for stage, nodes in zip(spec.stages, plan, strict=True) if nodes), None
+    )
+    if first is not None and first[1] in control:
+        findings.append(
+            new_finding(
+                Severity.WARNING,
+                Code.CONTROL_PLANE_LAST,
+                f"The first node to move, {first[1]} (stage {first[0].name!r}), is a "
+                f"control-plane node: the stage selects no worker. Start with a worker pool "
+                f"(a first stage with a nodeSelector) so a bad switch hits a worker first.",
+                [first[1]],
             )
         )
     return findings

@@ -12,6 +12,12 @@ from typing import Any, Final
 from proxymode.api.models import Finding, PolicySpec, Severity
 from proxymode.engine.observed import Observed
 from proxymode.engine.preflight.codes import Code
+from proxymode.engine.preflight.config_path import ConfigSource, config_source
+from proxymode.engine.preflight.distributions import (
+    kube_proxy_free,
+    nodes_of_static_pods,
+    static_pod_advice,
+)
 from proxymode.engine.preflight.text import (
     get_list,
     get_mapping,
@@ -30,48 +36,43 @@ from proxymode.kubeproxy import (
 )
 
 KUBE_PROXY_CONTAINER: Final = "kube-proxy"
-EMBEDDED_DISTRIBUTIONS: Final[Mapping[str, str]] = {"+k3s": "k3s", "+rke2": "RKE2"}
-"""Markers in a kubelet version (``v1.30.4+k3s1``) of distributions that run kube-proxy
-from their agent rather than from a DaemonSet (reference §6)."""
+K3S_MARKER: Final = "+k3s"
+"""In a kubelet version (``v1.30.4+k3s1``): k3s runs kube-proxy inside its own process
+(reference §6). RKE2 (``+rke2``) runs it as a static pod instead."""
 
 
 def missing_daemon_set(spec: PolicySpec, observed: Observed) -> Finding:
-    """Why there is no DaemonSet to drive: k3s/RKE2, static pods, or a wrong name."""
+    """Why there is no DaemonSet to drive: k3s, static pods (RKE2, kops, GKE), no kube-proxy
+    at all (Cilium's replacement), or a wrong name."""
     ref = spec.kube_proxy
     target = str(spec.target_mode)
-    distributions: dict[str, list[str]] = {}
-    for node in observed.nodes:
-        for marker, distribution in EMBEDDED_DISTRIBUTIONS.items():
-            if marker in node.kubelet_version:
-                distributions.setdefault(distribution, []).append(node.name)
-    if distributions:
-        names = sorted({n for group in distributions.values() for n in group})
-        which = " and ".join(sorted(distributions))
+    static = observed.facts.static_kube_proxy_pods
+    k3s = [n.name for n in observed.nodes if K3S_MARKER in n.kubelet_version]
+    if k3s and not static:
         return new_finding(
             Severity.ERROR,
             Code.EMBEDDED_KUBE_PROXY,
-            f"This is a {which} cluster (kubelet versions on {name_list(names)}): k3s/RKE2 run "
-            f"kube-proxy inside the agent, not from a DaemonSet, so proxymode cannot move it "
-            f"node by node. Set kube-proxy-arg: [proxy-mode={target}] in the agent config "
-            f"(/etc/rancher/k3s/config.yaml or /etc/rancher/rke2/config.yaml) and restart the "
-            f"nodes one at a time.",
-            names,
+            f"This is a k3s cluster (kubelet versions on {name_list(sorted(k3s))}): k3s runs "
+            f"kube-proxy inside the k3s process, not from a DaemonSet or a pod, so proxymode "
+            f"cannot move it node by node. Set kube-proxy-arg: [proxy-mode={target}] in "
+            f"/etc/rancher/k3s/config.yaml (or --kube-proxy-arg proxy-mode={target}) on each "
+            f"node and restart k3s there, one node at a time.",
+            k3s,
         )
-    static = observed.facts.static_kube_proxy_pods
     if static:
-        nodes = sorted(
-            {n.name for n in observed.nodes for pod in static if pod.endswith(f"-{n.name}")}
-        )
+        on = nodes_of_static_pods(static, observed.nodes)
         return new_finding(
             Severity.ERROR,
             Code.STATIC_POD_KUBE_PROXY,
             f"kube-proxy runs as static pods on {plural(len(static), 'node')} "
             f"({name_list(sorted(static))}), and there is no DaemonSet "
             f"{ref.namespace}/{ref.daemon_set}; proxymode drives DaemonSet-managed kube-proxy "
-            f"only. Change the static pod manifests on each node (mode: {target} in the "
-            f"kube-proxy config), one node at a time.",
-            nodes,
+            f"only. {static_pod_advice(target, on, observed.nodes)}",
+            [n.name for n in on],
         )
+    free = kube_proxy_free(spec, observed)
+    if free is not None:
+        return free
     return new_finding(
         Severity.ERROR,
         Code.SOURCE_DAEMON_SET_MISSING,
@@ -81,10 +82,61 @@ def missing_daemon_set(spec: PolicySpec, observed: Observed) -> Finding:
     )
 
 
+def daemon_set_config(daemon_set: Mapping[str, Any]) -> ConfigSource | None:
+    """Where the DaemonSet's kube-proxy reads its ``--config`` from (None: no ``--config``)."""
+    container = kube_proxy_container(daemon_set)
+    if container is None:
+        return None
+    pod = get_mapping(daemon_set, "spec", "template", "spec")
+    volumes = [v for v in get_list(pod.get("volumes")) if isinstance(v, Mapping)]
+    return config_source(container, volumes)
+
+
+def reads_other_config_map(spec: PolicySpec, daemon_set: Mapping[str, Any] | None) -> bool:
+    """Does kube-proxy read its config from a ConfigMap other than the policy's?"""
+    if daemon_set is None:
+        return False
+    source = daemon_set_config(daemon_set)
+    return source is not None and source.config_map not in (None, spec.kube_proxy.config_map)
+
+
 def config_map_use(spec: PolicySpec, daemon_set: Mapping[str, Any]) -> list[Finding]:
-    """The DaemonSet's pods must read the ConfigMap the policy names, or the switch does nothing."""
+    """The DaemonSet's pods must read the ConfigMap key the policy names, or the switch does
+    nothing: resolve ``--config`` through the volumes and name exactly what to set."""
     ref = spec.kube_proxy
+    where = f"DaemonSet {ref.namespace}/{ref.daemon_set}"
     mounted = mounted_config_maps(daemon_set)
+    source = daemon_set_config(daemon_set)
+    if source is not None and source.config_map is not None:
+        wrong_map = source.config_map != ref.config_map
+        if not wrong_map:
+            return []  # a wrong key is ConfigKeyMissing's to say, with the key to use
+        settings = [f"spec.kubeProxy.configMap: {source.config_map}"]
+        if source.key is not None and source.key != ref.config_key:
+            settings.append(f"spec.kubeProxy.configKey: {source.key}")
+        key = f"key {source.key!r} of " if source.key is not None else ""
+        return [
+            new_finding(
+                Severity.ERROR,
+                Code.DAEMON_SET_DOES_NOT_USE_CONFIG_MAP,
+                f"kube-proxy in {where} reads --config={source.path}, which is {key}ConfigMap "
+                f"{ref.namespace}/{source.config_map} (volume {source.volume!r}), not ConfigMap "
+                f"{ref.namespace}/{ref.config_map} as spec.kubeProxy says. It mounts "
+                f"{', '.join(sorted(mounted))}. Set {' and '.join(settings)}.",
+            )
+        ]
+    if source is not None:
+        held = f"volume {source.volume!r}" if source.volume else "no volume holds it"
+        return [
+            new_finding(
+                Severity.ERROR,
+                Code.DAEMON_SET_DOES_NOT_USE_CONFIG_MAP,
+                f"kube-proxy in {where} reads --config={source.path}, which is not on a "
+                f"ConfigMap volume ({held}); "
+                f"proxymode derives the target config from a ConfigMap. Move the "
+                f"KubeProxyConfiguration into a ConfigMap mounted at that path.",
+            )
+        ]
     if ref.config_map in mounted:
         return []
     if mounted:
@@ -101,7 +153,7 @@ def config_map_use(spec: PolicySpec, daemon_set: Mapping[str, Any]) -> list[Find
         new_finding(
             Severity.ERROR,
             Code.DAEMON_SET_DOES_NOT_USE_CONFIG_MAP,
-            f"No volume of DaemonSet {ref.namespace}/{ref.daemon_set} references ConfigMap "
+            f"No volume of {where} references ConfigMap "
             f"{ref.namespace}/{ref.config_map}. {instead}",
         )
     ]
@@ -125,7 +177,9 @@ def mounted_config_maps(daemon_set: Mapping[str, Any]) -> set[str]:
 
 
 def read_source_config(
-    spec: PolicySpec, config_map: Mapping[str, Any] | None
+    spec: PolicySpec,
+    config_map: Mapping[str, Any] | None,
+    daemon_set: Mapping[str, Any] | None = None,
 ) -> tuple[KubeProxyConfig | None, list[Finding]]:
     """Read the source KubeProxyConfiguration from its ConfigMap."""
     ref = spec.kube_proxy
@@ -143,12 +197,19 @@ def read_source_config(
     data = get_mapping(config_map, "data")
     if ref.config_key not in data:
         present = ", ".join(sorted(str(k) for k in data)) or "none"
+        source = daemon_set_config(daemon_set) if daemon_set is not None else None
+        if source is not None and source.key is not None and source.key in data:
+            todo = (
+                f"kube-proxy reads key {source.key!r} (--config={source.path}): set "
+                f"spec.kubeProxy.configKey: {source.key}."
+            )
+        else:
+            todo = "Set spec.kubeProxy.configKey to the key that holds the KubeProxyConfiguration."
         return None, [
             new_finding(
                 Severity.ERROR,
                 Code.CONFIG_KEY_MISSING,
-                f"{where} has no key {ref.config_key!r} (keys present: {present}). Set "
-                f"spec.kubeProxy.configKey to the key that holds the KubeProxyConfiguration.",
+                f"{where} has no key {ref.config_key!r} (keys present: {present}). {todo}",
             )
         ]
     try:

@@ -1,0 +1,70 @@
+"""What the world says about a policy's planned nodes, beside its moves: the nodes still to
+move, the nodes someone else labelled, the moved nodes whose kube-proxy is unhealthy.
+
+Read by the phases (rollout, paused, terminal) and the summary; ``moves`` moves nodes, this
+module only looks.
+"""
+
+from __future__ import annotations
+
+from proxymode.api.models import StagePhase
+from proxymode.engine.look import Look
+
+
+def health_failure(look: Look) -> str | None:
+    """A moved node whose target kube-proxy restarts or stays not Ready."""
+    timeout = look.spec.ready_timeout_seconds
+    moving = {m.node for m in look.status.moves}
+    for name in look.planned():
+        node = look.obs.node(name)
+        if node is None or node.mode_label != look.target_mode or name in moving:
+            continue
+        for pod in look.obs.pods_on(name):
+            where = f"kube-proxy pod {pod.name} on node {name}"
+            if pod.restarts > 0:
+                return f"{where} restarted {pod.restarts} times"
+            if pod.ready or pod.terminating:
+                continue
+            # Timed from when it stopped being Ready (or started, if it never was): one
+            # failed probe on a pod Ready for an hour is not an hour of not being Ready.
+            since = pod.ready_changed or pod.created
+            age = (look.now - since).total_seconds() if since else 0.0
+            if age > timeout:
+                return f"{where} has not been Ready for {age:.0f}s (limit {timeout}s)"
+    return None
+
+
+def forward_todo(look: Look, started_only: bool = True) -> list[str]:
+    """Planned nodes (of started stages) not yet on the target mode."""
+    stages = [s for s in look.status.stages if not started_only or s.phase != StagePhase.PENDING]
+    return [
+        n
+        for s in stages
+        for n in s.nodes
+        if (node := look.obs.node(n)) is not None and node.mode_label != look.target_mode
+    ]
+
+
+def hand_labelled(look: Look) -> list[str]:
+    """Nodes that carry the target label with no move of this policy behind it: a person
+    set it by hand, on a node of a stage not yet started, or of a started stage that
+    records its finished moves (``moved``). The label alone proves nothing (no cleanup
+    ran, the old proxy may have overlapped), so such a node is walked back and moves again
+    with its stage, properly."""
+    moving = {m.node for m in look.status.moves}
+    started = {n for s in look.status.stages if s.phase != StagePhase.PENDING for n in s.nodes}
+    pending = [
+        n
+        for s in look.status.stages
+        if s.phase == StagePhase.PENDING
+        for n in s.nodes
+        if n not in started
+    ]
+    unmoved = [
+        n
+        for s in look.status.stages
+        if s.phase != StagePhase.PENDING and s.moved is not None
+        for n in s.nodes
+        if n not in s.moved
+    ]
+    return [n for n in pending + unmoved if n not in moving and look.at_target(n)]

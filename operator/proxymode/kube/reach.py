@@ -1,0 +1,91 @@
+"""In-cluster Service URLs from outside the cluster, through the API server's service proxy.
+
+A policy names Prometheus as the cluster sees it,
+``http://prometheus-operated.monitoring.svc:9090``. In a pod that name resolves; an operator
+run elsewhere (``make run``, a laptop against a real cluster, the sandbox's own) cannot
+resolve it. Such an operator sends the same request to
+
+    <API server>/api/v1/namespaces/monitoring/services/http:prometheus-operated:9090/proxy/...
+
+with its own kubeconfig credentials: the API server forwards it to one of the Service's
+ready endpoints. Why this and not something else
+(docs/decisions/0032-in-cluster-urls-from-outside.md): it is Kubernetes' own, works against
+any cluster the kubeconfig reaches (the endpoints need not be routable from here), and needs
+only ``get`` on ``services/proxy``.
+
+What it cannot do: carry Prometheus's own credentials. The API server takes the
+``Authorization`` header as its own and removes it before forwarding, so a policy with
+``bearerToken`` or ``basicAuth`` is refused here with a message that says so; and the hop
+from the API server to Prometheus is not verified against the policy's ``ca``.
+
+When: a URL whose host is ``NAME.NAMESPACE.svc`` (optionally followed by the cluster
+domain, ``.cluster.local``), while the operator is not in a pod (no
+``KUBERNETES_SERVICE_HOST``). ``PROXYMODE_SERVICE_PROXY=off`` turns it off (the name
+resolves here, e.g. through a VPN into the cluster network).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import requests
+from kubernetes import client
+
+SWITCH_ENV = "PROXYMODE_SERVICE_PROXY"
+_SERVICE_HOST = re.compile(
+    r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.(?P<namespace>[a-z0-9]([-a-z0-9]*[a-z0-9])?)"
+    r"\.svc(\.[a-z0-9.-]+)?\.?$"
+)
+
+
+@dataclass(frozen=True)
+class ServiceURL:
+    """An ``http(s)://NAME.NAMESPACE.svc[.domain][:PORT]/path`` URL, taken apart."""
+
+    scheme: str
+    namespace: str
+    name: str
+    port: int
+    path: str
+
+    def through(self, api_server: str) -> str:
+        """The same URL through ``api_server``'s service proxy."""
+        return (
+            f"{api_server.rstrip('/')}/api/v1/namespaces/{self.namespace}/services/"
+            f"{self.scheme}:{self.name}:{self.port}/proxy{self.path}"
+        )
+
+
+def service_url(url: str) -> ServiceURL | None:
+    """The in-cluster Service ``url`` names, or None for any other URL."""
+    parts = urlsplit(url)
+    match = _SERVICE_HOST.match((parts.hostname or "").lower())
+    if parts.scheme not in ("http", "https") or match is None:
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return ServiceURL(parts.scheme, match["namespace"], match["name"], port, parts.path.rstrip("/"))
+
+
+def use_service_proxy(url: str) -> ServiceURL | None:
+    """The Service to reach through the API server, when this process must (see module)."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST") or os.environ.get(SWITCH_ENV) == "off":
+        return None
+    return service_url(url)
+
+
+def api_server_session(api: client.ApiClient, session: requests.Session) -> bool | str:
+    """Give ``session`` the kubeconfig's credentials for the API server; returns what
+    ``verify`` must be on each request (the API server's CA, or False when the kubeconfig
+    says insecure)."""
+    cfg = api.configuration
+    if cfg.cert_file and cfg.key_file:
+        session.cert = (cfg.cert_file, cfg.key_file)
+    token = cfg.get_api_key_with_prefix("authorization")  # refreshed by exec plugins
+    if token:
+        session.headers["Authorization"] = token
+    if not cfg.verify_ssl:
+        return False
+    return str(cfg.ssl_ca_cert) if cfg.ssl_ca_cert else True

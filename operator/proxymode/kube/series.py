@@ -1,0 +1,69 @@
+"""Before the first move: does Prometheus have each check's series for the nodes?
+
+Asked while the policy is Pending or in Preflight (nothing has changed yet), one query per
+template check (``analysis.templates.series_query``) over every node the cluster has; the
+engine's preflight compares the answer with the eligible nodes (``MetricSeriesMissing``).
+So a node Prometheus does not scrape, or a node label that does not carry node names, is
+found before a canary moves, not after it as NoData. Custom queries are not asked: they may
+read series only the target mode exports.
+"""
+
+from __future__ import annotations
+
+from kubernetes import client
+
+from proxymode.analysis.templates import series_query
+from proxymode.api.models import Phase, ProxyModePolicy, Template
+from proxymode.engine.observed import CheckSeries, Observed, SeriesCoverage
+from proxymode.kube.rounds import Prometheus
+
+ASKED_IN = frozenset({Phase.PENDING, Phase.PREFLIGHT})
+
+
+def due(policy: ProxyModePolicy, *, deleting: bool) -> bool:
+    """Ask only while preflight runs (a policy with checks, not paused before preflight)."""
+    return (
+        not deleting
+        and policy.spec.analysis is not None
+        and not policy.spec.paused
+        and policy.status.phase in ASKED_IN
+    )
+
+
+def coverage(
+    prom: Prometheus, policy: ProxyModePolicy, observed: Observed, *, at: float | None = None
+) -> SeriesCoverage:
+    """Each template check's reporting nodes among ``observed.nodes``; errors per check."""
+    analysis = policy.spec.analysis
+    assert analysis is not None
+    label = analysis.prometheus.node_label
+    names = [n.name for n in observed.nodes if n.name]
+    checks: list[CheckSeries] = []
+    for check in analysis.checks:
+        if check.template is None or not names:
+            continue
+        query = series_query(Template(check.template), nodes=names, node_label=label)
+        try:
+            rows = prom.values(query, at=at)
+        except Exception as e:  # unreachable, refused: preflight says so and waits
+            checks.append(CheckSeries(check.name, error=f"{type(e).__name__}: {e}"[:300]))
+            continue
+        checks.append(CheckSeries(check.name, frozenset(r.get(label, "") for r, _ in rows)))
+    return SeriesCoverage(time=observed.now, checks=tuple(checks))
+
+
+def look(api: client.ApiClient, policy: ProxyModePolicy, observed: Observed) -> SeriesCoverage:
+    """The coverage for ``observed``, through the policy's Prometheus settings."""
+    analysis = policy.spec.analysis
+    assert analysis is not None
+    try:
+        prom = Prometheus(api, analysis)
+    except Exception as e:  # a missing Secret: every check says why
+        error = f"cannot reach Prometheus: {e}"[:300]
+        return SeriesCoverage(
+            time=observed.now,
+            checks=tuple(
+                CheckSeries(c.name, error=error) for c in analysis.checks if c.template is not None
+            ),
+        )
+    return coverage(prom, policy, observed)

@@ -1,0 +1,108 @@
+"""Wake-ups: a policy's daemon looks again as soon as something it depends on changed.
+
+The engine asks for a requeue interval (seconds while nodes move, a minute when idle);
+that interval is only the fallback. A change to the policy itself (its generation: any
+spec edit, ``spec.paused`` included; its ``proxymode.io/action`` annotation; its deletion)
+or to a node, kube-proxy pod or cleanup Job wakes the daemon at once. Wake-ups coalesce:
+ten node changes during one look make one more look, not ten.
+
+The events are ``asyncio.Event`` objects of kopf's loop; ``wake`` may be called from any
+thread (the watch threads in ``kube.cache``), it hands over to the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from proxymode.engine.observed import ACTION_ANNOTATION
+
+PolicyKey = tuple[int, str | None, bool]
+
+
+def policy_key(body: Mapping[str, Any]) -> PolicyKey:
+    """What of a policy, when changed, must wake its daemon (not its own status patches)."""
+    meta = body.get("metadata") or {}
+    return (
+        int(meta.get("generation") or 0),
+        (meta.get("annotations") or {}).get(ACTION_ANNOTATION),
+        bool(meta.get("deletionTimestamp")),
+    )
+
+
+class Wakeups:
+    """One wake-up flag per policy, set from any thread, awaited by that policy's daemon."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, asyncio.Event] = {}
+        self._keys: dict[str, PolicyKey] = {}
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.count = 0
+        """How many wake-ups were delivered (for telemetry and benchmarks)."""
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def _event(self, name: str) -> asyncio.Event:
+        with self._lock:
+            event = self._events.get(name)
+            if event is None:
+                event = self._events[name] = asyncio.Event()
+            return event
+
+    def policy_changed(self, name: str, body: Mapping[str, Any]) -> bool:
+        """Wake ``name`` if what its daemon acts on changed since last seen; True if woken."""
+        key = policy_key(body)
+        with self._lock:
+            before = self._keys.get(name)
+            self._keys[name] = key
+        if before is not None and before != key:
+            self.wake(name)
+            return True
+        return False
+
+    def wake(self, name: str) -> None:
+        event = self._event(name)
+        self.count += 1
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            event.set()
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            event.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(event.set)
+
+    def wake_all(self) -> None:
+        with self._lock:
+            names = list(self._events)
+        for name in names:
+            self.wake(name)
+
+    async def wait(self, name: str, timeout: float, stopped: Any) -> bool:
+        """Sleep up to ``timeout`` s, less when woken or stopped; True if woken."""
+        event = self._event(name)
+        woken = asyncio.ensure_future(event.wait())
+        halted = asyncio.ensure_future(stopped.wait())
+        try:
+            await asyncio.wait({woken, halted}, timeout=timeout, return_when="FIRST_COMPLETED")
+        finally:
+            woken.cancel()
+            halted.cancel()
+        was_woken = event.is_set()
+        event.clear()
+        return was_woken
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._events.pop(name, None)
+            self._keys.pop(name, None)

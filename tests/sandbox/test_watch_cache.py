@@ -1,0 +1,115 @@
+"""The watch-fed cache on the real API server: a cold start lists once, changes arrive by
+watch (no list per look), and a watch the RBAC refuses does not spin.
+
+The last one is what made the chart's RBAC test time out on the first cut of the cache:
+the ServiceAccount could list but not watch, every refused watch was followed at once by a
+list and another refused watch, and that thread (two requests per turn, no pause) starved
+the looks it fed until the migration missed its deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from proxymode.kube.cache import Watched
+from proxymode.kube.observe import node_view
+from proxymode_sandbox import Sandbox
+from proxymode_sandbox.kubeconfig import write_kubeconfig
+from tests.sandbox.harness import eventually
+
+pytestmark = pytest.mark.sandbox
+
+
+def test_nodes_are_listed_once_then_watched(core: client.CoreV1Api) -> None:
+    changed = threading.Event()
+    nodes = Watched("nodes", core.list_node, node_view, changed.set)
+    try:
+        name = sorted(n.name for n in nodes.items())[0]
+        label = f"watch-{time.monotonic_ns()}"
+        core.patch_node(name, {"metadata": {"labels": {"proxymode.test/watched": label}}})
+        eventually(
+            lambda: any(
+                n.name == name and n.labels.get("proxymode.test/watched") == label
+                for n in nodes.items()
+            ),
+            timeout=30,
+            what="the label change to reach the cache by watch",
+        )
+        assert changed.is_set(), "a label change must wake the policies"
+        for _ in range(20):  # twenty looks' worth of reads
+            nodes.items()
+        assert nodes.lists == 1, f"listed {nodes.lists} times; a cold start lists once"
+        assert nodes.watches >= 1
+    finally:
+        nodes.close()
+        core.patch_node(name, {"metadata": {"labels": {"proxymode.test/watched": None}}})
+
+
+def test_a_refused_watch_backs_off_instead_of_spinning(
+    sandbox: Sandbox,
+    api: client.ApiClient,
+    core: client.CoreV1Api,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """A ServiceAccount that may list nodes but not watch them (the chart before it had the
+    verb): the cache holds the list and retries the watch with a growing pause."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    who = f"list-only-{namespace}"
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "list-only"}})
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": who},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}],
+        }
+    )
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": who},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": who,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "list-only", "namespace": namespace}],
+        }
+    )
+    try:
+        token = core.create_namespaced_service_account_token(
+            "list-only", namespace, {"spec": {"audiences": [], "expirationSeconds": 600}}
+        ).status.token
+        kc = write_kubeconfig(
+            tmp_path / "list-only",
+            sandbox.server,
+            (sandbox.pki / "ca.crt").read_bytes(),
+            user="list-only",
+            token=token,
+        )
+        weak = client.CoreV1Api(config.new_client_from_config(config_file=str(kc)))
+        eventually(lambda: _can_list(weak), timeout=30, what="the binding to take effect")
+        nodes = Watched("nodes", weak.list_node, node_view, lambda: None)
+        try:
+            assert nodes.items(), "the list is allowed: the cache holds every node"
+            time.sleep(4)
+            # Refused watches at 0, 1, 3 s (backing off 1, 2, 4 s) and a list after each:
+            # a handful, where a spinning thread makes hundreds.
+            assert nodes.watches <= 4, f"{nodes.watches} refused watches in 4s: it spins"
+            assert nodes.lists <= 5, f"{nodes.lists} lists in 4s: it spins"
+        finally:
+            nodes.close()
+    finally:
+        rbac.delete_cluster_role_binding(who)
+        rbac.delete_cluster_role(who)
+
+
+def _can_list(api: client.CoreV1Api) -> bool:
+    try:
+        api.list_node(limit=1)
+    except client.ApiException:
+        return False
+    return True

@@ -1,0 +1,68 @@
+"""Finalize with one restart less per node (issue 12 item 5, decision 0014).
+
+A finalized migration hands every node back to the source DaemonSet under the template it
+has while the nodes move (the original plus ``proxymode.io/mode NotIn [<target>,
+switching]``). With ``finalizeSourceTemplate: KeepExclusionTerm`` (the default) that
+template is the final one: putting the update strategy back rolls nothing, so every
+kube-proxy starts twice (the switch, the hand-back). ``Exact`` puts the original affinity
+back too: one more rolling restart, three starts. The controller model counts the starts.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from proxymode.api.models import Phase
+from tests.unit.engine.seq import Run, config_mode, make_policy, terminal, with_exclusion_term
+from tests.unit.engine.sim import Sim
+
+
+def _finalize(sim: Sim, **spec: Any) -> Run:
+    run = Run(sim, make_policy(**spec))
+    run.until(terminal)
+    st = run.policy.status
+    assert st.phase == Phase.COMPLETED and st.finalized is True, st.message
+    run.settle()
+    return run
+
+
+def _one_ready_source_proxy_each(sim: Sim, mode: str) -> None:
+    for node in sim.nodes:
+        pods = sim.proxies_on(node)
+        assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready, node
+        assert pods[0].mode == mode, f"{node} runs {pods[0].mode}"
+
+
+@pytest.mark.parametrize("target", ["nftables", "ipvs"])
+def test_keep_exclusion_term_starts_every_kube_proxy_twice(target: str) -> None:
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = _finalize(sim, targetMode=target)
+    assert sim.starts == dict.fromkeys(sim.nodes, 2), sim.starts
+    _one_ready_source_proxy_each(sim, target)
+    assert config_mode(sim) == target
+    ds = sim.get("DaemonSet", "kube-proxy")
+    assert ds["spec"] == with_exclusion_term(json.loads(run.original_ds), target)
+    assert "proxymode.io/original-update-strategy" not in ds["metadata"].get("annotations", {})
+    assert ds["status"]["updatedNumberScheduled"] == len(sim.nodes), "no pod left to roll"
+
+
+def test_exact_puts_the_original_template_back_with_one_more_rolling_restart() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = _finalize(sim, finalizeSourceTemplate="Exact")
+    assert sim.starts == dict.fromkeys(sim.nodes, 3), sim.starts
+    _one_ready_source_proxy_each(sim, "nftables")
+    ds = sim.get("DaemonSet", "kube-proxy")
+    assert json.dumps(ds["spec"], sort_keys=True) == run.original_ds
+
+
+def test_a_node_that_joins_after_a_kept_term_runs_the_source_at_once() -> None:
+    """The kept term matches a node without the label: a newcomer gets the source proxy."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    _finalize(sim)
+    sim.add_node("general-9", "general")
+    sim.tick()
+    sim.tick()
+    _one_ready_source_proxy_each(sim, "nftables")
