@@ -18,7 +18,7 @@ from tests.examples.user_steps import (
     nft_table_on_real_nodes,
 )
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1200)]
 __all__ = ["made"]  # the module-scoped sandbox fixture, one per module that imports it
 
 

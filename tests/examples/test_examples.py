@@ -61,6 +61,9 @@ from tests.sandbox.harness import G, KubeProxy, P, Policies, Sampler, V, eventua
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# A module-wide sandbox, four migrations and their deadlines (Migrations.finish) in one item.
+pytestmark = pytest.mark.timeout(1500)
+
 # -- what the examples are ------------------------------------------------------------------------
 
 COVERED: Mapping[str, tuple[str, ...]] = {
@@ -268,7 +271,11 @@ class Migrations:
 
     def finish(self, relpath: str, timeout: float = 420) -> tuple[Run, dict[str, Any]]:
         """Wait for the example's policy to settle; anything but Completed fails with the
-        operator's own words. The invariants must have held all along."""
+        operator's own words. The invariants must have held all along.
+
+        The four migrations share 2 cores with the rest of the suite, so the deadline is
+        ``PATIENCE`` times ``timeout`` (``Policies.wait_phase``): it ends a run that would
+        never settle and judges no speed."""
         run = self.runs[relpath]
         status = self.policies.wait_phase(
             run.name, "Completed", "Failed", "RolledBack", "Paused", timeout=timeout

@@ -125,7 +125,7 @@ def apply_as_a_user(
     relpath: str,
     *,
     before_promote: Callable[[Mapping[str, Any]], bool] = lambda _: True,
-    timeout: float = 600,
+    timeout: float = 900,
 ) -> tuple[str, dict[str, Any]]:
     """Apply the example unmodified; promote each stage once it bakes, its built-in checks
     have their baseline values and ``before_promote`` holds; return (name, status) when the

@@ -236,8 +236,12 @@ class Invariants(threading.Thread):
         were at the nodes' resourceVersion (etcd's revision is one counter for every kind, so
         ``resourceVersionMatch=Exact`` reads all four at the same instant: a pod list taken a
         second after the node list would show a move that never happened)."""
+        # The worlds are taken before the lists: a world added while they are read (its
+        # decoys made after the revision read) would otherwise be judged on a revision from
+        # before its objects existed.
         with self.lock:
-            before = {id(w): w.accepted() for w in self.worlds.values()}
+            worlds = list(self.worlds.values())
+            before = {id(w): w.accepted() for w in worlds}
         node_list = _raw(self.core.list_node)
         at = {"resource_version": node_list["metadata"]["resourceVersion"]}
         at["resource_version_match"] = "Exact"
@@ -253,8 +257,6 @@ class Invariants(threading.Thread):
         }
         nodes = {n["metadata"]["name"]: n for n in node_list["items"]}
         found: list[str] = []
-        with self.lock:
-            worlds = list(self.worlds.values())
         system = self._system(dss, cms)
         if system != self.system:
             found.append("the kube-system kube-proxy DaemonSet or ConfigMap changed")
