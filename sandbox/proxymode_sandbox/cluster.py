@@ -595,6 +595,22 @@ class Sandbox:
         port = int(self.prometheus_url.rsplit(":", 1)[1])
         self._start_prometheus(port)
 
+    def _wait_ports_free(self, name: str, timeout: float = 15.0) -> None:
+        """Wait until the stopped component's ports can be bound again.
+
+        A process reaped is not yet a port released: a new kube-apiserver started 0.2 s
+        after the old one exited once found its port still held ("bind: address already in
+        use"), exited, and left every later test of that worker without an API server.
+        """
+        ports = [self._state["ports"][k] for k in COMPONENT_PORTS.get(name, ())]
+        deadline = time.monotonic() + timeout
+        while not all(_port_free("127.0.0.1", p) for p in ports):
+            if time.monotonic() > deadline:
+                raise SandboxError(
+                    f"{name}'s ports {ports} are still held {timeout:.0f}s after it stopped"
+                )
+            time.sleep(0.1)
+
     def restart_component(self, name: str, downtime: float = 0.0, kill: bool = False) -> None:
         """Stop control-plane component ``name`` (``etcd``, ``kube-apiserver``, ...) and start
         it again with the same command line, as a node reboot or an upgrade would; returns once
@@ -611,6 +627,7 @@ class Sandbox:
         else:
             process.stop_pids([record.pid])
         time.sleep(downtime)
+        self._wait_ports_free(name)
         fresh = process.start(name, argv, record.log)
         # Same place in the start order, so ``down`` still stops etcd last.
         self._state["processes"][index] = fresh.to_json()
@@ -1045,6 +1062,15 @@ def _third_octet(prefix: str) -> int | None:
     """24 for a node net ``127.0.24.``: the real nodes' /24 follows it where free."""
     parts = prefix.strip(".").split(".")
     return int(parts[2]) if len(parts) == 3 and parts[2].isdigit() else None
+
+
+COMPONENT_PORTS: dict[str, tuple[str, ...]] = {
+    "etcd": ("etcd", "etcdPeer"),
+    "kube-apiserver": ("apiserver",),
+    "kube-controller-manager": ("kcm",),
+    "kube-scheduler": ("scheduler",),
+}
+"""The ``ports`` entries each control-plane component listens on."""
 
 
 def _port_free(host: str, port: int) -> bool:

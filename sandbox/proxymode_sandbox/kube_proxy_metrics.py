@@ -37,6 +37,8 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
+from proxymode_sandbox.informer import Informer
+
 FAULT_ANNOTATION = "sandbox.proxymode.io/fault"
 REAL_LABEL = "sandbox.proxymode.io/real"
 FAULTS = ("slow-sync", "conntrack-high", "sync-failures", "no-metrics")
@@ -179,7 +181,11 @@ class NodeState:
 
 
 class Simulator:
-    """Follows the cluster and serves every node's metrics."""
+    """Follows the cluster and serves every node's metrics.
+
+    The nodes, kube-proxy pods and ConfigMaps come from informers (a list, then a watch):
+    ``poll`` reads their local copies and makes no request of its own.
+    """
 
     def __init__(self, api: client.ApiClient, targets_dir: Path) -> None:
         self.core = client.CoreV1Api(api)
@@ -187,16 +193,30 @@ class Simulator:
         self.nodes: dict[str, NodeState] = {}
         self.servers: dict[tuple[str, int], ThreadingHTTPServer] = {}
         self.lock = threading.Lock()
+        self.changed = threading.Event()
+        self.node_informer = Informer(self.core.list_node, self.changed)
+        self.pod_informer = Informer(
+            self.core.list_pod_for_all_namespaces, self.changed, label_selector="k8s-app=kube-proxy"
+        )
+        self.config_informer = Informer(self.core.list_config_map_for_all_namespaces, self.changed)
+        self.informers = (self.node_informer, self.pod_informer, self.config_informer)
 
-    def _get(self, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(call(*args, _preload_content=False, **kwargs).data)
-        return data
+    def start(self, timeout: float = 60) -> None:
+        """Start following the cluster; return once every copy has its first list."""
+        for informer in self.informers:
+            informer.start()
+        deadline = time.monotonic() + timeout
+        for informer in self.informers:
+            informer.wait_synced(max(0.0, deadline - time.monotonic()))
+
+    def wait_change(self, timeout: float) -> None:
+        """Return when a copy changed (or after ``timeout``); the next ``poll`` sees it."""
+        self.changed.wait(timeout)
+        self.changed.clear()
 
     def poll(self) -> None:
-        nodes = self._get(self.core.list_node)["items"]
-        pods = self._get(
-            self.core.list_pod_for_all_namespaces, label_selector="k8s-app=kube-proxy"
-        )["items"]
+        nodes = self.node_informer.items()
+        pods = self.pod_informer.items()
         modes = self._config_modes(pods)
         newest: dict[str, dict[str, Any]] = {}
         for pod in pods:
@@ -238,8 +258,10 @@ class Simulator:
             for cm in _config_maps(pod):
                 if (namespace, cm) in out:
                     continue
+                data = self.config_informer.get(namespace, cm)
+                if data is None:
+                    continue
                 with contextlib.suppress(Exception):
-                    data = self._get(self.core.read_namespaced_config_map, cm, namespace)
                     conf = yaml.safe_load((data.get("data") or {}).get("config.conf", "")) or {}
                     out[(namespace, cm)] = str(conf.get("mode") or "iptables")
         return out
@@ -362,13 +384,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     api = config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
     sim = Simulator(api, args.targets_dir)
+    sim.start()
     print(f"kube-proxy metrics simulator: targets in {args.targets_dir}", flush=True)
     while True:
         try:
             sim.poll()
         except Exception as e:  # keep serving through API hiccups
             print(f"poll failed: {e}", file=sys.stderr, flush=True)
-        time.sleep(args.interval)
+        # At once after a change (a new pod, a label, a fault annotation), at least every
+        # interval; never more than 4 times a second however busy the cluster is.
+        time.sleep(0.25)
+        sim.wait_change(max(0.0, args.interval - 0.25))
 
 
 if __name__ == "__main__":

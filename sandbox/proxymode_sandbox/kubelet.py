@@ -36,6 +36,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from proxymode_sandbox import podrun
+from proxymode_sandbox.informer import Informer
 from proxymode_sandbox.netns import exec_argv
 from proxymode_sandbox.podspec import NodeInfo, PodSpecError, prepare, termination_message
 from proxymode_sandbox.probe import Liveness, probe_once
@@ -102,6 +103,25 @@ class Kubelet:
         self.last_lease = self.last_status = 0.0
         self.podman = podman
         """Set: pods whose image is in the local store run under podman (decision 0066)."""
+        # Its nodes and the pods bound to them, from watches (``informer``): the loop reads
+        # local copies instead of listing every node and bound pod twice a second.
+        self.node_informers = [
+            Informer(self.core.list_node, field_selector=f"metadata.name={name}")
+            for name in self.nodes
+        ]
+        self.pod_informers = [
+            Informer(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={name}")
+            for name in self.nodes
+        ]
+
+    def start(self, timeout: float = 60) -> None:
+        """Start the watches; return once each has its first list (or after ``timeout``)."""
+        informers = [*self.node_informers, *self.pod_informers]
+        for informer in informers:
+            informer.start()
+        deadline = time.monotonic() + timeout
+        for informer in informers:
+            informer.wait_synced(max(0.0, deadline - time.monotonic()))
 
     # -- nodes --
 
@@ -172,8 +192,7 @@ class Kubelet:
         of the sandbox's own, hooked before NAT, drops everything sent to the Service range.
         ``crash`` makes the node's kube-proxy exit as it starts (``_start``).
         """
-        raw = self.core.list_node(_preload_content=False)
-        for node in json.loads(raw.data)["items"]:
+        for node in (n for informer in self.node_informers for n in informer.items()):
             name = node["metadata"]["name"]
             if name not in self.nodes:
                 continue
@@ -186,11 +205,10 @@ class Kubelet:
     # -- pods --
 
     def sync_pods(self) -> None:
-        raw = self.core.list_pod_for_all_namespaces(
-            field_selector="spec.nodeName!=", _preload_content=False
-        )
+        if not all(i.synced.is_set() for i in self.pod_informers):
+            return  # a pod not listed yet is not a pod gone: nothing is stopped on a guess
         seen = set()
-        for pod in json.loads(raw.data)["items"]:
+        for pod in (p for informer in self.pod_informers for p in informer.items()):
             node = self.nodes.get(pod["spec"].get("nodeName", ""))
             if node is None:
                 continue
@@ -435,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     images = cfg.get("podman")
     podman = podrun.Podman(images["containersConf"], images["sandbox"]) if images else None
     kubelet = Kubelet(api, nodes, Path(cfg["binDir"]), podman)
+    kubelet.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(f"sandbox kubelet: serving {', '.join(n.name for n in nodes)}", flush=True)
