@@ -3,7 +3,8 @@
 #   prometheus (prometheus + promtool): the sandbox's Prometheus and PromQL tests;
 #   podman, runc, debootstrap: `make image` and tests/image/ (images/build.sh);
 #   iproute2, iptables, nftables, curl, prometheus-node-exporter: the real nodes (network
-#   namespaces running the real kube-proxy; node_exporter's conntrack collector in each).
+#   namespaces running the real kube-proxy; node_exporter's conntrack collector in each);
+#   chromium: the report's charts drawn in a real browser (tests/cli/browser.py).
 # Runs apt-get as root (CI and these machines run as root), or through sudo.
 set -euo pipefail
 need=()
@@ -18,6 +19,7 @@ have iptables || need+=(iptables)
 have nft || need+=(nftables)
 have curl || need+=(curl)
 have prometheus-node-exporter || need+=(prometheus-node-exporter)
+have chromium || have chromium-browser || need+=(chromium)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

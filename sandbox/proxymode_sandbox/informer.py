@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -104,6 +105,13 @@ class Informer:
                 if isinstance(e, ApiException) and e.status == 410:
                     version = ""  # too old: list again at once
                     continue
+                version = ""
+                self._halt.wait(RETRY_SECONDS)
+            except Exception as e:
+                if self._halt.is_set():
+                    return  # ``stop`` closed the stream under the read
+                # Not a failure it knows: say so (the owner's log), and list again.
+                print(f"informer: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                 version = ""
                 self._halt.wait(RETRY_SECONDS)
 
