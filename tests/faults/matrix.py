@@ -27,7 +27,7 @@ from kubernetes import client
 
 from proxymode_sandbox import Sandbox
 from tests.faults.worlds import install
-from tests.sandbox.harness import KubeProxy, Policies, eventually
+from tests.sandbox.harness import PATIENCE, KubeProxy, Policies, eventually
 from tests.sandbox.invariants import Invariants, World
 
 END_PHASES = ("Completed", "RolledBack", "Failed")
@@ -86,10 +86,13 @@ class Matrix:
     def until(
         self, name: str, probe: Callable[[dict[str, Any]], Any], what: str, timeout: float = WAIT
     ) -> Any:
-        """Poll the policy's status until ``probe(status)`` is truthy; returns that value."""
+        """Poll the policy's status until ``probe(status)`` is truthy; returns that value.
+
+        As ``Policies.wait_phase``: ``timeout`` is a quiet machine's, the deadline
+        ``PATIENCE`` times that (the matrix shares 2 cores with the rest of the suite)."""
         return eventually(
             lambda: probe(self.status(name)),
-            timeout=timeout,
+            timeout=timeout * PATIENCE,
             interval=0.1,
             what=f"{name}: {what}",
         )
