@@ -1,0 +1,126 @@
+"""The executor's label changes on the real API server: one request each, and refused
+whenever the label is no longer what the engine saw.
+
+A node of its own (created here, deleted after) so that no other test's nodes move.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from proxymode.engine.actions import SetNodeMode
+from proxymode.engine.observed import MODE_LABEL
+from proxymode.kube.execute import Executor, dynamic_client
+from proxymode_sandbox import Sandbox
+
+
+class Counting:
+    """Every request an API client makes, as (method, path)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.calls: list[tuple[str, str]] = []
+        inner: Callable[..., Any] = api.call_api
+
+        def call_api(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            self.calls.append((method, urllib.parse.urlsplit(url).path))
+            return inner(method, url, *args, **kwargs)
+
+        api.call_api = call_api  # type: ignore[method-assign]
+
+    def take(self) -> list[tuple[str, str]]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+@pytest.fixture
+def counted(sandbox: Sandbox) -> tuple[client.ApiClient, Counting]:
+    api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
+    return api, Counting(api)
+
+
+@pytest.fixture
+def node(core: client.CoreV1Api) -> Iterator[str]:
+    name = f"exec-{uuid.uuid4().hex[:6]}"
+    core.create_node(
+        client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={"pool": "exec-test"}))
+    )
+    try:
+        yield name
+    finally:
+        core.delete_node(name)
+
+
+def label(core: client.CoreV1Api, node: str) -> str | None:
+    labels = core.read_node(node).metadata.labels or {}
+    value: str | None = labels.get(MODE_LABEL)
+    return value
+
+
+def test_each_label_change_is_one_patch_and_no_read(
+    counted: tuple[client.ApiClient, Counting], core: client.CoreV1Api, node: str
+) -> None:
+    api, counting = counted
+    executor = Executor(api, "exec-test", lambda _: None)
+    walk = [(None, "switching"), ("switching", "nftables"), ("nftables", "switching")]
+    walk += [("switching", None)]
+    counting.take()
+    for expect, value in walk:
+        assert executor.run([SetNodeMode(node, value, expect)]) == 1
+        assert label(core, node) == value
+    calls = counting.take()
+    assert calls == [("PATCH", f"/api/v1/nodes/{node}")] * len(walk), calls
+    # Absent and to stay absent: nothing is written at all.
+    assert executor.run([SetNodeMode(node, None, None)]) == 1
+    assert counting.take() == []
+
+
+def test_a_stale_expectation_changes_nothing_and_stops_the_batch(
+    counted: tuple[client.ApiClient, Counting], core: client.CoreV1Api, node: str
+) -> None:
+    api, _ = counted
+    executor = Executor(api, "exec-test", lambda _: None)
+    core.patch_node(node, {"metadata": {"labels": {MODE_LABEL: "switching"}}})
+    # The engine saw no label (a person set it since): refused, and the next action waits.
+    done = executor.run([SetNodeMode(node, "nftables", None), SetNodeMode(node, None, "switching")])
+    assert done == 0
+    assert label(core, node) == "switching"
+    # It saw "nftables" where the node says "switching": the removal is refused too.
+    assert executor.run([SetNodeMode(node, None, "nftables")]) == 0
+    assert label(core, node) == "switching"
+    # A node that is gone is a conflict, not an error that ends the look.
+    assert executor.run([SetNodeMode(f"{node}-gone", "switching", None)]) == 0
+
+
+def test_a_node_without_any_label_still_gets_its_mode(
+    counted: tuple[client.ApiClient, Counting], core: client.CoreV1Api
+) -> None:
+    api, _ = counted
+    name = f"bare-{uuid.uuid4().hex[:6]}"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        # No labels map at all, so the single patch's test has no parent to look in.
+        assert not core.read_node(name).metadata.labels
+        assert (
+            Executor(api, "exec-test", lambda _: None).run([SetNodeMode(name, "switching", None)])
+            == 1
+        )
+        assert label(core, name) == "switching"
+    finally:
+        try:
+            core.delete_node(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+def test_one_dynamic_client_per_api_client(counted: tuple[client.ApiClient, Counting]) -> None:
+    api, _ = counted
+    assert dynamic_client(api) is dynamic_client(api)
+    assert Executor(api, "a", lambda _: None).dyn is Executor(api, "b", lambda _: None).dyn
