@@ -120,17 +120,8 @@ def add_nodes(box: Sandbox, api: client.ApiClient, total: int) -> None:
 
 def install_proxy(api: client.ApiClient, namespace: str, nodes: int) -> None:
     """The kubeadm kube-proxy (iptables) in ``namespace``, Ready on every node."""
-    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
-    core.create_namespace({"metadata": {"name": namespace}})
-    objs = {o["kind"]: o for o in kubeadm_proxy.manifests("https://127.0.0.1:1", "v1.37.2", "")}
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "kube-proxy"}})
-    for kind, create in (
-        ("ConfigMap", core.create_namespaced_config_map),
-        ("DaemonSet", apps.create_namespaced_daemon_set),
-    ):
-        body = objs[kind]
-        body["metadata"]["namespace"] = namespace
-        create(namespace, body)
+    apps = client.AppsV1Api(api)
+    kubeadm_proxy.install_in(api, namespace, mode="", create_namespace=True)
 
     def ready() -> str | None:
         st = _raw(apps.read_namespaced_daemon_set, "kube-proxy", namespace).get("status", {})

@@ -10,9 +10,12 @@ The operator sees the same shape it meets on a kubeadm cluster.
 
 from __future__ import annotations
 
+import copy
 from importlib import resources
 from string import Template
 from typing import Any
+
+from kubernetes import client
 
 NAMESPACE = "kube-system"
 NAME = "kube-proxy"
@@ -171,3 +174,34 @@ def manifests(
             },
         },
     ]
+
+
+def install_in(
+    api: client.ApiClient,
+    namespace: str,
+    *,
+    mode: str = "iptables",
+    affinity: dict[str, Any] | None = None,
+    create_namespace: bool = False,
+) -> dict[str, dict[str, Any]]:
+    """kubeadm's kube-proxy (ServiceAccount, ConfigMap, DaemonSet) in a namespace of its own:
+    how the tests and benchmarks give a migration its own kube-proxy in a shared sandbox.
+
+    ``affinity`` replaces the pod template's (where it may run); ``mode`` is the ConfigMap's
+    (``""`` as kubeadm leaves it: iptables). The objects are created as they are returned
+    (by kind, copies the caller may change); it does not wait for the pods.
+    """
+    # Any: raw dict bodies, as the manifests are (the typed models add nothing here).
+    core: Any = client.CoreV1Api(api)
+    apps: Any = client.AppsV1Api(api)
+    if create_namespace:
+        core.create_namespace({"metadata": {"name": namespace}})
+    objs = {o["kind"]: o for o in manifests("https://127.0.0.1:1", "v1.37.2", mode)}
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": NAME}})
+    cm, ds = objs["ConfigMap"], objs["DaemonSet"]
+    cm["metadata"]["namespace"] = ds["metadata"]["namespace"] = namespace
+    if affinity is not None:
+        ds["spec"]["template"]["spec"]["affinity"] = affinity
+    core.create_namespaced_config_map(namespace, copy.deepcopy(cm))
+    apps.create_namespaced_daemon_set(namespace, copy.deepcopy(ds))
+    return {"ConfigMap": cm, "DaemonSet": ds}

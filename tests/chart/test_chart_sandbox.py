@@ -258,16 +258,7 @@ def ipvs_policy(name: str, namespace: str) -> dict[str, Any]:
 
 def _install_kube_proxy(api: client.ApiClient, namespace: str) -> list[str]:
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
-    core.create_namespace({"metadata": {"name": namespace}})
-    objs = {o["kind"]: o for o in kubeadm_proxy.manifests("https://127.0.0.1:1", "v1.37.2")}
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "kube-proxy"}})
-    for kind, create in (
-        ("ConfigMap", core.create_namespaced_config_map),
-        ("DaemonSet", apps.create_namespaced_daemon_set),
-    ):
-        obj = objs[kind]
-        obj["metadata"]["namespace"] = namespace
-        create(namespace, obj)
+    kubeadm_proxy.install_in(api, namespace, create_namespace=True)
     nodes = sorted(n.metadata.name for n in core.list_node().items)
     eventually(
         lambda: (

@@ -26,7 +26,6 @@ The sandbox's pools are its topology's (label ``pool``): ``canary``, ``general``
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -144,17 +143,7 @@ def install_kube_proxy_on(api: client.ApiClient, namespace: str, nodes: Sequence
     with its DaemonSet placed on exactly ``nodes`` by a required hostname affinity (as a
     DaemonSet with a node selector would be); returns once it is Ready on all of them."""
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
-    objs = {
-        o["kind"]: copy.deepcopy(o)
-        for o in kubeadm_proxy.manifests("https://127.0.0.1:1", "v1.37.2", "iptables")
-    }
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "kube-proxy"}})
-    cm = objs["ConfigMap"]
-    cm["metadata"]["namespace"] = namespace
-    core.create_namespaced_config_map(namespace, cm)
-    ds = objs["DaemonSet"]
-    ds["metadata"]["namespace"] = namespace
-    ds["spec"]["template"]["spec"]["affinity"] = {
+    on_nodes = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [
@@ -171,7 +160,7 @@ def install_kube_proxy_on(api: client.ApiClient, namespace: str, nodes: Sequence
             }
         }
     }
-    apps.create_namespaced_daemon_set(namespace, ds)
+    kubeadm_proxy.install_in(api, namespace, affinity=on_nodes)
     eventually(
         lambda: (
             (d := apps.read_namespaced_daemon_set("kube-proxy", namespace).status)

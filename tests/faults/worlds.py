@@ -49,22 +49,11 @@ def install(api: client.ApiClient, case: str, nodes: Sequence[str]) -> tuple[Kub
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     namespace = f"f-{case}-{uuid.uuid4().hex[:5]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    objs = {
-        o["kind"]: copy.deepcopy(o)
-        for o in kubeadm_proxy.manifests("https://127.0.0.1:1", "v1.37.2", "iptables")
-    }
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "kube-proxy"}})
-    cm = objs["ConfigMap"]
-    cm["metadata"]["namespace"] = namespace
-    core.create_namespaced_config_map(namespace, cm)
-    extra = copy.deepcopy(cm)
+    objs = kubeadm_proxy.install_in(api, namespace, affinity=_on_nodes(nodes))
+    extra = copy.deepcopy(objs["ConfigMap"])
     extra["metadata"]["name"] = DECOY_CM
     core.create_namespaced_config_map(namespace, extra)
-    ds = objs["DaemonSet"]
-    ds["metadata"]["namespace"] = namespace
-    ds["spec"]["template"]["spec"]["affinity"] = _on_nodes(nodes)
-    apps.create_namespaced_daemon_set(namespace, ds)
-    windows = copy.deepcopy(ds)
+    windows = copy.deepcopy(objs["DaemonSet"])
     windows["metadata"]["name"] = DECOY_DS
     windows["metadata"]["labels"] = {"k8s-app": DECOY_DS}
     windows["spec"]["selector"] = {"matchLabels": {"k8s-app": DECOY_DS}}

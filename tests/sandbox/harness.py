@@ -59,19 +59,9 @@ def install_kube_proxy(
     api: client.ApiClient, namespace: str, *, include_legacy: bool = False, mode: str = "iptables"
 ) -> KubeProxy:
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
-    objs = {
-        o["kind"]: copy.deepcopy(o)
-        for o in kubeadm_proxy.manifests("https://127.0.0.1:1", "v1.37.2", mode)
-    }
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "kube-proxy"}})
-    cm = objs["ConfigMap"]
-    cm["metadata"]["namespace"] = namespace
-    core.create_namespaced_config_map(namespace, cm)
-    ds = objs["DaemonSet"]
-    ds["metadata"]["namespace"] = namespace
-    if not include_legacy:
-        ds["spec"]["template"]["spec"]["affinity"] = NOT_LEGACY
-    apps.create_namespaced_daemon_set(namespace, ds)
+    kubeadm_proxy.install_in(
+        api, namespace, mode=mode, affinity=None if include_legacy else NOT_LEGACY
+    )
     nodes = sorted(
         n.metadata.name
         for n in core.list_node().items
