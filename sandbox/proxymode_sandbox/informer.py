@@ -33,6 +33,11 @@ WATCH_SECONDS = 120
 """How long one watch request lasts before it is renewed from its last version."""
 RETRY_SECONDS = 0.5
 """The pause before listing again after a failure (an API server restart)."""
+LIST_TIMEOUT = (5, 60)
+"""Connect and read timeouts of a list: a frozen API server fails it, and it is tried again."""
+WATCH_TIMEOUT = (5, WATCH_SECONDS + 30)
+"""Of a watch: the server ends it after ``WATCH_SECONDS`` and sends bookmarks meanwhile, so
+a read that waits longer is a half-open connection (a frozen or vanished server)."""
 
 
 def _key(obj: dict[str, Any]) -> Key:
@@ -73,11 +78,13 @@ class Informer:
         return self
 
     def stop(self) -> None:
+        """End the watch now: ``shutdown`` breaks the read under way (``close`` alone waits
+        for the stream's next byte, up to a bookmark a minute away)."""
         self._halt.set()
         response = self._response
         if response is not None:
             with contextlib.suppress(Exception):  # a stream that may be gone already
-                response.close()
+                response.shutdown()
         self._thread.join(timeout=5)
 
     def items(self) -> list[dict[str, Any]]:
@@ -102,10 +109,9 @@ class Informer:
                     version = self._list()
                 version = self._watch(version)
             except (ApiException, HTTPError, OSError, ValueError) as e:
-                if isinstance(e, ApiException) and e.status == 410:
-                    version = ""  # too old: list again at once
-                    continue
                 version = ""
+                if isinstance(e, ApiException) and e.status == 410:
+                    continue  # too old: list again at once
                 self._halt.wait(RETRY_SECONDS)
             except Exception as e:
                 if self._halt.is_set():
@@ -116,7 +122,9 @@ class Informer:
                 self._halt.wait(RETRY_SECONDS)
 
     def _list(self) -> str:
-        raw = self._list_call(_preload_content=False, **self._selectors)
+        raw = self._list_call(
+            _preload_content=False, _request_timeout=LIST_TIMEOUT, **self._selectors
+        )
         body = json.loads(raw.data)
         objects = {_key(o): o for o in body.get("items") or []}
         with self._lock:
@@ -130,6 +138,7 @@ class Informer:
         """Follow one watch request until it ends; the version to go on from ("" to list)."""
         response = self._list_call(
             _preload_content=False,
+            _request_timeout=WATCH_TIMEOUT,
             watch=True,
             resource_version=version,
             allow_watch_bookmarks=True,
@@ -137,16 +146,22 @@ class Informer:
             **self._selectors,
         )
         self._response = response
+        heard = False
         try:
+            if self._halt.is_set():
+                return version  # stopped while the request was made
             for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
                 if self._halt.is_set():
                     break
                 if not line:
                     continue
+                heard = True
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
-                    return ""  # 410 Gone (or worse) in the stream: list again
+                    # 410 Gone: list again at once; anything else after a pause (``_run``).
+                    code = int(obj.get("code") or 500)
+                    raise ApiException(status=code, reason=str(obj.get("message", "")))
                 meta = obj.get("metadata") or {}
                 version = str(meta.get("resourceVersion") or version)
                 if kind == "BOOKMARK":
@@ -159,5 +174,8 @@ class Informer:
                 self.changed.set()
         finally:
             self._response = None
-            response.release_conn()
-        return version
+            response.close()  # a stream left part-read must not go back to the pool
+        # A watch the server ended with not even a bookmark (sent about once a minute) is
+        # one it could not serve from this version (an etcd restored to an older revision):
+        # list again rather than watch from it forever.
+        return version if heard else ""

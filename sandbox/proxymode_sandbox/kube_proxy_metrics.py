@@ -200,6 +200,8 @@ class Simulator:
         )
         self.config_informer = Informer(self.core.list_config_map_for_all_namespaces, self.changed)
         self.informers = (self.node_informer, self.pod_informer, self.config_informer)
+        self._parsed: dict[tuple[str, str], tuple[str, str]] = {}
+        """(namespace, ConfigMap) -> (resourceVersion, mode): each version parsed once."""
 
     def start(self, timeout: float = 60) -> None:
         """Start following the cluster; return once every copy has its first list."""
@@ -261,9 +263,15 @@ class Simulator:
                 data = self.config_informer.get(namespace, cm)
                 if data is None:
                     continue
+                version = str((data.get("metadata") or {}).get("resourceVersion", ""))
+                known = self._parsed.get((namespace, cm))
+                if known is not None and known[0] == version:
+                    out[(namespace, cm)] = known[1]
+                    continue
                 with contextlib.suppress(Exception):
                     conf = yaml.safe_load((data.get("data") or {}).get("config.conf", "")) or {}
                     out[(namespace, cm)] = str(conf.get("mode") or "iptables")
+                    self._parsed[(namespace, cm)] = (version, out[(namespace, cm)])
         return out
 
     def _follow(
