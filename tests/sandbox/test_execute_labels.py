@@ -1,11 +1,12 @@
-"""The executor's label changes on the real API server: one request each, and refused
-whenever the label is no longer what the engine saw.
+"""The executor's label changes on the real API server: one request each, refused whenever
+the label is no longer what the engine saw, and on several nodes sent side by side.
 
 A node of its own (created here, deleted after) so that no other test's nodes move.
 """
 
 from __future__ import annotations
 
+import threading
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
@@ -124,3 +125,77 @@ def test_one_dynamic_client_per_api_client(counted: tuple[client.ApiClient, Coun
     api, _ = counted
     assert dynamic_client(api) is dynamic_client(api)
     assert Executor(api, "a", lambda _: None).dyn is Executor(api, "b", lambda _: None).dyn
+
+
+@pytest.fixture
+def three(core: client.CoreV1Api) -> Iterator[list[str]]:
+    names = [f"exec-{uuid.uuid4().hex[:6]}" for _ in range(3)]
+    try:
+        for name in names:
+            core.create_node(
+                client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={"pool": "exec"}))
+            )
+        yield names
+    finally:
+        for name in names:
+            try:
+                core.delete_node(name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+
+def test_label_changes_on_several_nodes_go_out_side_by_side(
+    sandbox: Sandbox, core: client.CoreV1Api, three: list[str]
+) -> None:
+    """The first two PATCHes wait for each other: sent one after the other, the first would
+    wait alone until the barrier broke, and the batch would fail."""
+    api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
+    meeting = threading.Barrier(2, timeout=10)
+    inner: Callable[..., Any] = api.call_api
+    met: list[str] = []
+    lock = threading.Lock()
+
+    def call_api(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            meets = method == "PATCH" and len(met) < 2
+            if meets:
+                met.append(url)
+        if meets:
+            meeting.wait()
+        return inner(method, url, *args, **kwargs)
+
+    api.call_api = call_api  # type: ignore[method-assign]
+    executor = Executor(api, "exec-test", lambda _: None)
+    assert executor.run([SetNodeMode(n, "switching", None) for n in three]) == 3
+    assert [label(core, n) for n in three] == ["switching"] * 3
+    assert not meeting.broken
+
+
+def test_a_refused_change_among_several_stops_the_count_at_its_place(
+    sandbox: Sandbox, core: client.CoreV1Api, three: list[str]
+) -> None:
+    """The others of that run went out with it and are done (each had its own test); the
+    count says where the engine's order met the refusal, and the next look reads the rest."""
+    api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
+    second = three[1]
+    core.patch_node(second, {"metadata": {"labels": {MODE_LABEL: "nftables"}}})  # a person
+    executor = Executor(api, "exec-test", lambda _: None)
+    assert executor.run([SetNodeMode(n, "switching", None) for n in three]) == 1
+    assert [label(core, n) for n in three] == ["switching", "nftables", "switching"]
+
+
+def test_a_second_change_of_one_node_waits_for_the_first(
+    sandbox: Sandbox, core: client.CoreV1Api, three: list[str]
+) -> None:
+    """Its test expects the first change's value, so it cannot go out beside it."""
+    api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
+    first, second, _ = three
+    batch = [
+        SetNodeMode(first, "switching", None),
+        SetNodeMode(second, "switching", None),
+        SetNodeMode(first, "nftables", "switching"),
+        SetNodeMode(second, "nftables", "switching"),
+    ]
+    assert Executor(api, "exec-test", lambda _: None).run(batch) == 4
+    assert [label(core, n) for n in (first, second)] == ["nftables", "nftables"]
