@@ -2,7 +2,9 @@
 
 The Kubernetes adapter carries these out in order and stops at the first that fails
 (a conflict, a precondition no longer true); the next reconcile sees the world again
-and decides again. Every action is safe to repeat: creating what exists updates it,
+and decides again. Label changes next to each other, on different nodes, it sends side by
+side, so those beside a refused one may still land (decision 0072); the engine never
+depends on their order. Every action is safe to repeat: creating what exists updates it,
 labelling a node checks the label it expects first, patches carry a ``test`` of the
 resourceVersion they were computed from, so nothing is blindly overwritten.
 """

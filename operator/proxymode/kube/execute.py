@@ -2,7 +2,8 @@
 
 Actions run in order; the first that the server refuses because the world moved on
 (a failed JSON-patch ``test``, a label that is no longer what the engine saw, a 409)
-stops the batch with ``Conflict``: the next look decides again from fresh reads.
+stops the batch with ``Conflict``: the next look decides again from fresh reads. (Label
+changes sent side by side with the refused one have been sent too; see below.)
 Nothing is overwritten blindly: patches carry their preconditions, creates of objects
 that exist are no-ops (the backup is never replaced), and deletes of missing objects
 are fine.
@@ -52,7 +53,8 @@ looks at other policies share that pool."""
 
 
 class ConflictError(RuntimeError):
-    """The world changed under an action; nothing after it in the batch ran."""
+    """The world changed under an action; nothing after it in the batch ran, except label
+    changes of its own run (sent at the same time, each with its own test)."""
 
 
 def _escape(key: str) -> str:
@@ -115,9 +117,10 @@ class Executor:
         done = 0
         i = 0
         while i < len(actions):
-            labels = _label_run(actions, i)
+            labels = label_run(actions, i)
             batch: Sequence[Action] = labels if len(labels) > 1 else actions[i : i + 1]
             errors = self._side_by_side(labels) if len(labels) > 1 else [self._try(actions[i])]
+            _say_the_rest(batch, errors)
             for action, error in zip(batch, errors, strict=True):
                 if error is None:
                     done += 1
@@ -272,7 +275,18 @@ class Executor:
         self.core.patch_node(action.node, ops, _content_type=JSON_PATCH)
 
 
-def _label_run(actions: Sequence[Action], start: int) -> list[SetNodeMode]:
+def _say_the_rest(batch: Sequence[Action], errors: Sequence[Exception | None]) -> None:
+    """Errors after a run's first: ``run`` reports only the first (in the engine's order),
+    and these changes were sent all the same, so their fate is logged here."""
+    failed = [(a, e) for a, e in zip(batch, errors, strict=True) if e is not None]
+    for action, error in failed[1:]:
+        refused = isinstance(error, ConflictError) or (
+            isinstance(error, ApiException) and error.status in (409, 422)
+        )
+        log.log(logging.INFO if refused else logging.WARNING, "beside it, %s: %r", action, error)
+
+
+def label_run(actions: Sequence[Action], start: int) -> list[SetNodeMode]:
     """The label changes from ``start`` on, up to the first action of another kind or the
     second change of one node (that one must wait for the first: its test expects it)."""
     run: list[SetNodeMode] = []

@@ -64,6 +64,7 @@ from proxymode.engine.observed import (
     ProxyKind,
     ProxyPod,
 )
+from proxymode.kube.execute import label_run
 from proxymode.verify import NodeReading, ProbeOutcome, judge
 from proxymode_sandbox import kubeadm_proxy
 
@@ -454,17 +455,36 @@ class Sim:
         )
 
     def execute(self, actions: Iterable[Action], stop_after: int | None = None) -> int:
-        """Carry out actions in order; stops at the first ConflictError. Returns how many ran."""
+        """Carry out actions as the operator's executor does (``kube/execute.py``): in order,
+        but label changes next to each other on distinct nodes side by side, so a refused
+        one stops the count and the batch, not the rest of its run. Returns the count.
+
+        ``stop_after`` is a crash after that many actions. Inside a run of label changes,
+        the run's last change was in flight too and lands (when it is past the cut): the
+        subsets side by side sending makes possible, a later node moved, an earlier not."""
+        todo = list(actions)
         done = 0
-        for action in actions:
-            if stop_after is not None and done >= stop_after:
-                break
-            try:
-                self._execute(action)
-            except ConflictError as e:
-                self.log.append(f"conflict: {e}")
-                break
-            done += 1
+        i = 0
+        while i < len(todo):
+            run = label_run(todo, i) or [todo[i]]
+            end = i + len(run)
+            landed = list(range(i, end))
+            if stop_after is not None and stop_after < end:
+                landed = [j for j in landed if j < stop_after]
+                if len(run) > 1 and end - 1 >= max(stop_after, i + 1):
+                    landed.append(end - 1)
+            failed: set[int] = set()
+            for j in landed:
+                try:
+                    self._execute(todo[j])
+                except ConflictError as e:
+                    self.log.append(f"conflict: {e}")
+                    failed.add(j)
+            for j in range(i, end):
+                if j not in landed or j in failed:
+                    return done
+                done += 1
+            i = end
         return done
 
     def _execute(self, action: Action) -> None:
