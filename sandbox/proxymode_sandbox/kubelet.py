@@ -250,6 +250,11 @@ class Kubelet:
             self._probe(run, pod)
             if run.container and run.liveness.failed(pod["spec"]["containers"][0], run.node.ip):
                 # As a kubelet does: the container is killed and restarted (a restart counts).
+                print(
+                    f"sandbox kubelet: {run.name}: liveness probe failed"
+                    f" {run.liveness.failures} times in a row; killing the container",
+                    flush=True,
+                )
                 threading.Thread(target=self._stop, args=(run, _grace(pod)), daemon=True).start()
             return
         finished = _now()

@@ -126,6 +126,17 @@ def _liveness_answers(box: Sandbox, pod: dict[str, Any]) -> int:
     return len(re.findall(rf"{re.escape(host)} .*\"GET /healthz HTTP/1.1\" 200", _log(box, pod)))
 
 
+def _why_restarted(box: Sandbox, pod: dict[str, Any]) -> str:
+    """What the pod, the sandbox kubelet and the operator's last output say about a restart."""
+    kubelet = box.dir / "logs" / "kubelet.log"
+    said = kubelet.read_text(errors="replace").splitlines() if kubelet.is_file() else []
+    fired = [line for line in said if "liveness probe failed" in line]
+    return (
+        f"lastState {_container(pod).get('lastState')}; kubelet: {fired[-3:]};"
+        f" operator's last lines: {_log(box, pod).splitlines()[-15:]}"
+    )
+
+
 def _running_ready(api: client.ApiClient, restarts: int = 0) -> dict[str, Any]:
     return eventually(
         lambda: (
@@ -171,7 +182,8 @@ def test_helm_installed_operator_pod_runs_from_the_image_locked_down_and_live(
     # The kubelet asks kopf's liveness endpoint at the pod's IP, every period.
     eventually(lambda: _liveness_answers(box, _pod(api)) >= 2, timeout=60,
                what="two answered liveness probes")  # fmt: skip
-    assert _container(_pod(api))["restartCount"] == 0
+    now = _pod(api)
+    assert _container(now)["restartCount"] == 0, _why_restarted(box, now)
 
 
 def test_a_frozen_operator_fails_its_liveness_probe_and_is_restarted(
@@ -179,10 +191,12 @@ def test_a_frozen_operator_fails_its_liveness_probe_and_is_restarted(
 ) -> None:
     """SIGSTOP the operator: its liveness endpoint stops answering, the kubelet kills the
     container after ``failureThreshold`` failures and starts a new one from the image."""
-    before = _running_ready(api)
+    # From the restarts it has now, so one test's restart does not fail the next.
+    count = int(_container(_pod(api)).get("restartCount", 0))
+    before = _running_ready(api, restarts=count)
     cid = _container(before)["containerID"].removeprefix("podman://")
     podman(built_image, "kill", "--signal=STOP", cid)
-    after = _running_ready(api, restarts=1)
+    after = _running_ready(api, restarts=count + 1)
     last = _container(after)["lastState"]["terminated"]
     assert last["exitCode"] == 137, last  # SIGKILL: SIGTERM waits on a stopped process
     assert _container(after)["containerID"] != _container(before)["containerID"]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 from kubernetes import client
 
 from proxymode_sandbox import Sandbox, evidence
+from proxymode_sandbox.services import BACKEND_PORT, MEASURING_PRIORITY
 from tests.sandbox.harness import Policies
 
 SAMPLE_SECONDS = 0.15
@@ -22,12 +24,35 @@ far longer (29 s, all three nodes, with verification off: decision 0080) and is 
 caught at this resolution."""
 
 
+@dataclass(frozen=True)
+class Miss:
+    """One sample echo did not answer, with what the node showed right after it."""
+
+    at: float
+    node: str
+    code: int
+    """curl's exit code: 28 timed out, 7 refused (a REJECT rule: no endpoints)."""
+    seconds: float
+    rules: int
+    """Lines naming echo's ClusterIP in the node's rules, iptables and nftables together."""
+    direct: int
+    """Echo's backends that answered a request to their own address from the node."""
+
+    def line(self, since: float) -> str:
+        return (
+            f"{self.at - since:.1f}s {self.node}: curl {self.code} after {self.seconds:.1f}s,"
+            f" echo's ClusterIP in {self.rules} rule lines, {self.direct} backends answer directly"
+        )
+
+
 class Reachability:
     """One thread per node asks echo's ClusterIP every ``SAMPLE_SECONDS``; keeps each answer."""
 
     def __init__(self, box: Sandbox, nodes: list[str]) -> None:
         self.box, self.nodes = box, nodes
         self.samples: dict[str, list[tuple[float, bool]]] = {n: [] for n in nodes}
+        self.misses: list[Miss] = []
+        self.backends = sorted(str(b["ip"]) for b in box.real.state["real"]["backends"].values())
         self.halt = threading.Event()
         self.threads = [threading.Thread(target=self._run, args=(n,), daemon=True) for n in nodes]
 
@@ -44,9 +69,34 @@ class Reachability:
     def _run(self, node: str) -> None:
         while not self.halt.is_set():
             began = time.monotonic()
-            ok = evidence.echo(self.box.exec, node, timeout=ECHO_TIMEOUT).startswith("echo-")
+            url = f"http://{evidence.ECHO_CLUSTER_IP}/"
+            proc = self.box.exec(
+                node, [*MEASURING_PRIORITY, "curl", "-s", "-m", str(ECHO_TIMEOUT), url]
+            )
+            ok = proc.returncode == 0 and proc.stdout.startswith("echo-")
             self.samples[node].append((began, ok))
+            if not ok:
+                self._missed(node, began, proc.returncode, time.monotonic() - began)
             self.halt.wait(max(0.0, SAMPLE_SECONDS - (time.monotonic() - began)))
+
+    def _missed(self, node: str, began: float, code: int, seconds: float) -> None:
+        """What the node shows right after a miss: echo's rules, and the backends directly
+        (a miss with the rules in place and no backend answering is the machine or the
+        backends, not the node's Service rules)."""
+        ip = evidence.ECHO_CLUSTER_IP
+        rules = self.box.exec(
+            node,
+            ["sh", "-c", f"{{ iptables-save -t nat; nft list table ip kube-proxy; }} 2>/dev/null"
+             f" | grep -c -F {ip}"],
+        )  # fmt: skip
+        direct = sum(
+            self.box.exec(
+                node, ["curl", "-s", "-m", str(ECHO_TIMEOUT), f"http://{b}:{BACKEND_PORT}/"]
+            ).stdout.startswith("echo-")
+            for b in self.backends
+        )
+        count = int(rules.stdout.strip() or 0)
+        self.misses.append(Miss(began, node, code, seconds, count, direct))
 
     def overlap(self) -> tuple[int, float]:
         """(most nodes failing at one moment, seconds with more than one failing).
@@ -80,28 +130,42 @@ class Reachability:
             worst = max(worst, span_most)
         return worst, more_than_one
 
+    def misses_near(self, moments: list[float], within: float = 3.0) -> list[str]:
+        """The misses within ``within`` seconds of the given moments (since the first
+        sample), each with what its node showed: where a report should point."""
+        start = min((s[0][0] for s in self.samples.values() if s), default=0.0)
+        near = [m for m in self.misses if any(abs(m.at - start - t) <= within for t in moments)]
+        return [m.line(start) for m in near]
+
     def worst_moments(self, limit: int = 5) -> list[str]:
         """When more than one node failed at once: the time (since the first sample) and
         the nodes, for a report that says where to look."""
+        return [f"{t:.1f}s {failing}" for t, failing in self._moments(limit)]
+
+    def _moments(self, limit: int) -> list[tuple[float, list[str]]]:
         events = sorted((t, n, ok) for n, s in self.samples.items() for t, ok in s)
         start = events[0][0] if events else 0.0
         state: dict[str, bool] = {}
-        out: list[str] = []
+        out: list[tuple[float, list[str]]] = []
         for t, node, ok in events:
             state[node] = ok
             failing = sorted(n for n, v in state.items() if not v)
             if len(failing) > 1 and len(out) < limit:
-                out.append(f"{t - start:.1f}s {failing}")
+                out.append((t - start, failing))
         return out
 
     def report(self) -> str:
         worst, seconds = self.overlap()
         fails = {n: sum(not ok for _, ok in s) for n, s in self.samples.items()}
         counts = {n: len(s) for n, s in self.samples.items()}
-        return (
+        said = (
             f"at most {worst} nodes unable to reach echo at once ({seconds:.1f}s with more"
             f" than one); failed samples {fails} of {counts}"
         )
+        if worst > 1:
+            near = self.misses_near([t for t, _ in self._moments(5)])
+            said += f"; the misses around those moments: {near[:20]}"
+        return said
 
 
 class MoveClock(threading.Thread):
