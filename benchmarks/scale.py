@@ -249,17 +249,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def looks(metrics: str) -> dict[str, float]:
-    """The look histogram: count, mean, the share within 250 ms, bucket p50 and p95."""
+def looks(metrics: str) -> dict[str, Any]:
+    """The look histograms: the whole look (with its actions), the look without them, and
+    each part's mean: count, mean, the share within 250 ms, bucket p50 and p95."""
     with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as r:
         text = r.read().decode()
-    name = "proxymode_reconcile_duration_seconds"
-    buckets = [
-        (float(le), float(v))
-        for le, v in re.findall(rf'^{name}_bucket{{le="([^"]+)"}} (\S+)$', text, re.M)
-    ]
-    count = float(re.findall(rf"^{name}_count (\S+)$", text, re.M)[0])
-    total = float(re.findall(rf"^{name}_sum (\S+)$", text, re.M)[0])
+    out: dict[str, Any] = dict(histogram(text, "proxymode_reconcile_duration_seconds"))
+    out["own"] = histogram(text, "proxymode_look_own_duration_seconds")
+    part_count = r'^proxymode_look_part_duration_seconds_count{part="([^"]+)"}'
+    parts = sorted(set(re.findall(part_count, text, re.M)))
+    out["parts_mean_ms"] = {
+        part: histogram(text, "proxymode_look_part_duration_seconds", f'part="{part}"')["mean_ms"]
+        for part in parts
+    }
+    return out
+
+
+def histogram(text: str, name: str, labels: str = "") -> dict[str, float]:
+    """One histogram's count, mean, share within 250 ms and bucket p50 / p95, from /metrics."""
+    where = f"{{{labels}}}" if labels else ""
+    bucket = re.compile(rf"^{name}_bucket{{(.*)}} (\S+)$", re.M)
+    buckets = []
+    for inside, v in bucket.findall(text):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', inside))
+        le = pairs.pop("le")
+        if pairs == dict(re.findall(r'(\w+)="([^"]*)"', labels)):
+            buckets.append((float(le), float(v)))
+    count = float(re.findall(rf"^{name}_count{re.escape(where)} (\S+)$", text, re.M)[0])
+    total = float(re.findall(rf"^{name}_sum{re.escape(where)} (\S+)$", text, re.M)[0])
 
     def quantile(q: float) -> float:
         return next(le for le, v in buckets if v >= q * count)
@@ -269,8 +286,8 @@ def looks(metrics: str) -> dict[str, float]:
         "count": count,
         "mean_ms": 1000 * total / count if count else 0.0,
         "within_250ms": within / count if count else 0.0,
-        "p50_le_s": quantile(0.5),
-        "p95_le_s": quantile(0.95),
+        "p50_le_s": quantile(0.5) if count else 0.0,
+        "p95_le_s": quantile(0.95) if count else 0.0,
     }
 
 

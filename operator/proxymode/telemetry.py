@@ -215,6 +215,22 @@ class Telemetry:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
+        self.look_part_seconds = Histogram(
+            "proxymode_look_part_duration_seconds",
+            "One look split in its parts: read (the policy), observe (the caches), measure"
+            " (Prometheus and the nodes' series), decide (the engine), act (the actions the"
+            " engine asked for: label changes, Jobs, Events) and store (the status patch).",
+            ["part"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.look_own_seconds = Histogram(
+            "proxymode_look_own_duration_seconds",
+            "One look without its actions: read, observe, measure, decide and store; what the"
+            " operator itself costs per look, whatever the number of label changes it sends.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
         self.reconcile_errors = Counter(
             "proxymode_reconcile_errors",
             "Looks that raised (the daemon logs them and looks again).",

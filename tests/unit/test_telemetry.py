@@ -8,6 +8,7 @@ output; the text is parsed back with prometheus_client's own parser.
 from __future__ import annotations
 
 import dataclasses
+import time
 from datetime import UTC, datetime
 
 from prometheus_client import generate_latest
@@ -25,6 +26,7 @@ from proxymode.engine.observed import (
     ProxyKind,
     ProxyPod,
 )
+from proxymode.kube.reconcile import LookTimer
 from proxymode.kube.rounds import round_due
 from proxymode.telemetry import Telemetry, node_modes, round_result
 from tests.unit.engine.sim import Sim
@@ -207,3 +209,27 @@ def test_round_result_is_the_worst_verdict() -> None:
     assert round_result(round_of("Pass", "Inconclusive")) == "Inconclusive"
     assert round_result(round_of()) == "Inconclusive"
     assert round_result(round_of("Pass", "Pass")) == "Pass"
+
+
+def test_a_look_is_timed_in_parts_and_its_own_time_leaves_the_actions_out() -> None:
+    """Each part lands in its own series; the own-time histogram sums every part but act."""
+    telemetry = Telemetry()
+    clock = LookTimer(telemetry)
+    waits = {"read": 0.0, "observe": 0.0, "measure": 0.0, "decide": 0.0, "act": 0.06, "store": 0.0}
+    for part, wait in waits.items():
+        time.sleep(wait)
+        clock.done(part)
+    samples = {
+        (s.name, s.labels.get("part")): s.value
+        for family in text_string_to_metric_families(generate_latest(telemetry.registry).decode())
+        for s in family.samples
+        if s.name.endswith("_sum") or s.name.endswith("_count")
+    }
+    for part in waits:
+        assert samples[("proxymode_look_part_duration_seconds_count", part)] == 1
+    act = samples[("proxymode_look_part_duration_seconds_sum", "act")]
+    own = samples[("proxymode_look_own_duration_seconds_sum", None)]
+    assert act >= 0.06 > own
+    assert samples[("proxymode_look_own_duration_seconds_count", None)] == 1
+    parts = sum(samples[("proxymode_look_part_duration_seconds_sum", p)] for p in waits)
+    assert abs(parts - act - own) < 1e-6
