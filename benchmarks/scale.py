@@ -275,8 +275,9 @@ def histogram(text: str, name: str, labels: str = "") -> dict[str, float]:
         le = pairs.pop("le")
         if pairs == dict(re.findall(r'(\w+)="([^"]*)"', labels)):
             buckets.append((float(le), float(v)))
-    count = float(re.findall(rf"^{name}_count{re.escape(where)} (\S+)$", text, re.M)[0])
-    total = float(re.findall(rf"^{name}_sum{re.escape(where)} (\S+)$", text, re.M)[0])
+    # An operator without the histogram (an older build): zero looks, not an IndexError.
+    count = float(next(iter(re.findall(rf"^{name}_count{re.escape(where)} (\S+)$", text, re.M)), 0))
+    total = float(next(iter(re.findall(rf"^{name}_sum{re.escape(where)} (\S+)$", text, re.M)), 0))
 
     def quantile(q: float) -> float:
         return next(le for le, v in buckets if v >= q * count)

@@ -217,18 +217,19 @@ class Telemetry:
         )
         self.look_part_seconds = Histogram(
             "proxymode_look_part_duration_seconds",
-            "One look split in its parts: read (the policy), observe (the caches), measure"
-            " (Prometheus and the nodes' series), decide (the engine), act (the actions the"
-            " engine asked for: label changes, Jobs, Events) and store (the status patch).",
+            "One look split in its parts: read (GET and parse the policy), observe (the"
+            " caches), measure (Prometheus and the nodes' series), decide (the engine), act"
+            " (the actions the engine asked for: label changes, Jobs, Events), store (the"
+            " status patch) and record (these metrics). Looks that get to the end only.",
             ["part"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
         self.look_own_seconds = Histogram(
             "proxymode_look_own_duration_seconds",
-            "One look without its actions: read, observe, measure, decide and store; what the"
-            " operator itself costs per look, whatever the number of label changes it sends.",
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            "One look without its actions: every part but act, waits on the API server and"
+            " Prometheus included; what a look costs whatever the number of label changes.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
         self.reconcile_errors = Counter(

@@ -137,11 +137,12 @@ def _why_restarted(box: Sandbox, pod: dict[str, Any]) -> str:
     )
 
 
-def _running_ready(api: client.ApiClient, restarts: int = 0) -> dict[str, Any]:
+def _running_ready(api: client.ApiClient, restarts: int | None = 0) -> dict[str, Any]:
+    """The pod once Running and Ready from podman, with ``restarts`` restarts (None: any)."""
     return eventually(
         lambda: (
             _ready(p := _pod(api))
-            and _container(p).get("restartCount") == restarts
+            and (restarts is None or _container(p).get("restartCount") == restarts)
             and _container(p).get("containerID", "").startswith("podman://")
             and p
         ),
@@ -191,9 +192,9 @@ def test_a_frozen_operator_fails_its_liveness_probe_and_is_restarted(
 ) -> None:
     """SIGSTOP the operator: its liveness endpoint stops answering, the kubelet kills the
     container after ``failureThreshold`` failures and starts a new one from the image."""
-    # From the restarts it has now, so one test's restart does not fail the next.
-    count = int(_container(_pod(api)).get("restartCount", 0))
-    before = _running_ready(api, restarts=count)
+    # From the restarts it has once Ready, so one test's restart does not fail the next.
+    before = _running_ready(api, restarts=None)
+    count = int(_container(before).get("restartCount", 0))
     cid = _container(before)["containerID"].removeprefix("podman://")
     podman(built_image, "kill", "--signal=STOP", cid)
     after = _running_ready(api, restarts=count + 1)

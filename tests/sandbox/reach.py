@@ -33,28 +33,36 @@ class Miss:
     code: int
     """curl's exit code: 28 timed out, 7 refused (a REJECT rule: no endpoints)."""
     seconds: float
-    rules: int
-    """Lines naming echo's ClusterIP in the node's rules, iptables and nftables together."""
-    direct: int
-    """Echo's backends that answered a request to their own address from the node."""
+    shown: str
+    """Lines naming echo's ClusterIP in the node's iptables (every table) and in its
+    nftables ``kube-proxy`` table, and how many backends answered a request to their own
+    address from the node; or why that could not be read."""
 
     def line(self, since: float) -> str:
         return (
-            f"{self.at - since:.1f}s {self.node}: curl {self.code} after {self.seconds:.1f}s,"
-            f" echo's ClusterIP in {self.rules} rule lines, {self.direct} backends answer directly"
+            f"{self.at - since:.1f}s {self.node}: curl {self.code} after {self.seconds:.1f}s;"
+            f" {self.shown}"
         )
 
 
 class Reachability:
-    """One thread per node asks echo's ClusterIP every ``SAMPLE_SECONDS``; keeps each answer."""
+    """One thread per node asks echo's ClusterIP every ``SAMPLE_SECONDS``; keeps each answer.
+
+    After a miss, another thread reads what the node shows (echo's rules, the backends
+    asked directly) while the sampling goes on at its own pace: the look at a miss never
+    stretches how long the node counts as failing. One look per node at a time; a miss
+    that comes while one runs is sampled as usual, only not looked at."""
 
     def __init__(self, box: Sandbox, nodes: list[str]) -> None:
         self.box, self.nodes = box, nodes
         self.samples: dict[str, list[tuple[float, bool]]] = {n: [] for n in nodes}
         self.misses: list[Miss] = []
-        self.backends = sorted(str(b["ip"]) for b in box.real.state["real"]["backends"].values())
+        backends = box.real.state.get("real", {}).get("backends", {})
+        self.backends = sorted(str(b["ip"]) for b in backends.values())
         self.halt = threading.Event()
         self.threads = [threading.Thread(target=self._run, args=(n,), daemon=True) for n in nodes]
+        self.looking = {n: threading.Lock() for n in nodes}
+        self.lookers: list[threading.Thread] = []
 
     def __enter__(self) -> Reachability:
         for t in self.threads:
@@ -63,20 +71,23 @@ class Reachability:
 
     def __exit__(self, *_: object) -> None:
         self.halt.set()
-        for t in self.threads:
+        for t in [*self.threads, *self.lookers]:
             t.join(timeout=10)
 
     def _run(self, node: str) -> None:
+        url = f"http://{evidence.ECHO_CLUSTER_IP}/"
         while not self.halt.is_set():
             began = time.monotonic()
-            url = f"http://{evidence.ECHO_CLUSTER_IP}/"
             proc = self.box.exec(
                 node, [*MEASURING_PRIORITY, "curl", "-s", "-m", str(ECHO_TIMEOUT), url]
             )
             ok = proc.returncode == 0 and proc.stdout.startswith("echo-")
             self.samples[node].append((began, ok))
-            if not ok:
-                self._missed(node, began, proc.returncode, time.monotonic() - began)
+            if not ok and self.looking[node].acquire(blocking=False):
+                args = (node, began, proc.returncode, time.monotonic() - began)
+                looker = threading.Thread(target=self._missed, args=args, daemon=True)
+                self.lookers.append(looker)
+                looker.start()
             self.halt.wait(max(0.0, SAMPLE_SECONDS - (time.monotonic() - began)))
 
     def _missed(self, node: str, began: float, code: int, seconds: float) -> None:
@@ -84,19 +95,29 @@ class Reachability:
         (a miss with the rules in place and no backend answering is the machine or the
         backends, not the node's Service rules)."""
         ip = evidence.ECHO_CLUSTER_IP
-        rules = self.box.exec(
-            node,
-            ["sh", "-c", f"{{ iptables-save -t nat; nft list table ip kube-proxy; }} 2>/dev/null"
-             f" | grep -c -F {ip}"],
-        )  # fmt: skip
-        direct = sum(
-            self.box.exec(
-                node, ["curl", "-s", "-m", str(ECHO_TIMEOUT), f"http://{b}:{BACKEND_PORT}/"]
-            ).stdout.startswith("echo-")
-            for b in self.backends
-        )
-        count = int(rules.stdout.strip() or 0)
-        self.misses.append(Miss(began, node, code, seconds, count, direct))
+        try:
+            ipt = self.box.exec(node, ["sh", "-c", f"iptables-save 2>/dev/null | grep -c -F {ip}"])
+            nft = self.box.exec(
+                node, ["sh", "-c", f"nft list table ip kube-proxy 2>/dev/null | grep -c -F {ip}"]
+            )
+            direct = sum(
+                self.box.exec(
+                    node,
+                    [*MEASURING_PRIORITY, "curl", "-s", "-m", str(ECHO_TIMEOUT),
+                     f"http://{b}:{BACKEND_PORT}/"],
+                ).stdout.startswith("echo-")
+                for b in self.backends
+            )  # fmt: skip
+            shown = (
+                f"echo's ClusterIP in {ipt.stdout.strip() or '?'} iptables lines,"
+                f" {nft.stdout.strip() or '?'} nftables lines;"
+                f" {direct} of {len(self.backends)} backends answer directly"
+            )
+        except Exception as e:  # a report's detail, never a lost sample
+            shown = f"not read: {type(e).__name__}: {e}"
+        finally:
+            self.looking[node].release()
+        self.misses.append(Miss(began, node, code, seconds, shown))
 
     def overlap(self) -> tuple[int, float]:
         """(most nodes failing at one moment, seconds with more than one failing).
@@ -108,6 +129,7 @@ class Reachability:
         with verification off: decision 0080); the seconds with more than one failing are
         summed whatever their length."""
         events = sorted((t, n, ok) for n, s in self.samples.items() for t, ok in s)
+        self.counted: list[tuple[float, float]] = []  # the spans that made ``worst``
         state: dict[str, bool] = {}
         worst = int(any(not ok for _, _, ok in events))
         more_than_one, last = 0.0, None
@@ -125,22 +147,30 @@ class Reachability:
             elif span_start is not None:
                 if t - span_start >= ECHO_TIMEOUT:
                     worst = max(worst, span_most)
+                    self.counted.append((span_start, t))
                 span_start, span_most = None, 0
         if span_start is not None and last is not None and last - span_start >= ECHO_TIMEOUT:
             worst = max(worst, span_most)
+            self.counted.append((span_start, last))
         return worst, more_than_one
 
-    def misses_near(self, moments: list[float], within: float = 3.0) -> list[str]:
-        """The misses within ``within`` seconds of the given moments (since the first
-        sample), each with what its node showed: where a report should point."""
+    def misses_in_overlaps(self, within: float = 2.0) -> list[str]:
+        """The misses in (or ``within`` seconds of) the spans ``overlap`` counted, each with
+        what its node showed: where a report should point."""
+        self.overlap()
         start = min((s[0][0] for s in self.samples.values() if s), default=0.0)
-        near = [m for m in self.misses if any(abs(m.at - start - t) <= within for t in moments)]
-        return [m.line(start) for m in near]
+        near = [
+            m for m in self.misses if any(a - within <= m.at <= b + within for a, b in self.counted)
+        ]
+        return [m.line(start) for m in sorted(near, key=lambda m: m.at)]
 
     def worst_moments(self, limit: int = 5) -> list[str]:
         """When more than one node failed at once: the time (since the first sample) and
         the nodes, for a report that says where to look."""
         return [f"{t:.1f}s {failing}" for t, failing in self._moments(limit)]
+
+    def _start(self) -> float:
+        return min((s[0][0] for s in self.samples.values() if s), default=0.0)
 
     def _moments(self, limit: int) -> list[tuple[float, list[str]]]:
         events = sorted((t, n, ok) for n, s in self.samples.items() for t, ok in s)
@@ -163,8 +193,8 @@ class Reachability:
             f" than one); failed samples {fails} of {counts}"
         )
         if worst > 1:
-            near = self.misses_near([t for t, _ in self._moments(5)])
-            said += f"; the misses around those moments: {near[:20]}"
+            spans = [f"{a - self._start():.1f}-{b - self._start():.1f}s" for a, b in self.counted]
+            said += f"; counted at {spans}; the misses then: {self.misses_in_overlaps()[:20]}"
         return said
 
 

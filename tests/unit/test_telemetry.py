@@ -212,13 +212,25 @@ def test_round_result_is_the_worst_verdict() -> None:
 
 
 def test_a_look_is_timed_in_parts_and_its_own_time_leaves_the_actions_out() -> None:
-    """Each part lands in its own series; the own-time histogram sums every part but act."""
+    """Each part lands in its own series, and only once the look got to the end; the
+    own-time histogram sums every part but act."""
     telemetry = Telemetry()
     clock = LookTimer(telemetry)
-    waits = {"read": 0.0, "observe": 0.0, "measure": 0.0, "decide": 0.0, "act": 0.06, "store": 0.0}
+    waits = {
+        "read": 0,
+        "observe": 0,
+        "measure": 0,
+        "decide": 0,
+        "act": 0.06,
+        "store": 0,
+        "record": 0,
+    }
     for part, wait in waits.items():
         time.sleep(wait)
         clock.done(part)
+    unflushed = generate_latest(telemetry.registry).decode()
+    assert "proxymode_look_own_duration_seconds_count 0.0" in unflushed  # a look stopped early
+    clock.flush()
     samples = {
         (s.name, s.labels.get("part")): s.value
         for family in text_string_to_metric_families(generate_latest(telemetry.registry).decode())

@@ -132,7 +132,6 @@ class Reconciler:
     def _once(self, name: str, *, deleting: bool) -> Outcome:
         clock = LookTimer(self.telemetry)
         body = self.read(name)
-        clock.done("read")
         if body is None:
             self.telemetry.forget(name)
             kept = self._prometheus.pop(name, None)
@@ -146,6 +145,7 @@ class Reconciler:
             message = f"the policy is invalid and was not acted on: {_first_error(e)}"
             self._store(name, {"phase": Phase.FAILED.value, "message": message}, body)
             return Outcome(requeue_seconds=60, release_finalizer=deleting, phase=Phase.FAILED)
+        clock.done("read")  # the GET and the parse of the policy
         deleting = deleting or bool(body["metadata"].get("deletionTimestamp"))
         now = datetime.now(UTC)
         try:
@@ -196,6 +196,8 @@ class Reconciler:
             observed=observed,
             events=[a for a in decision.actions if isinstance(a, EmitEvent)],
         )
+        clock.done("record")
+        clock.flush()
         return Outcome(
             requeue_seconds=decision.requeue_seconds,
             release_finalizer=decision.release_finalizer,
@@ -224,21 +226,27 @@ class Reconciler:
 class LookTimer:
     """Times a look's parts one after the other (``proxymode_look_part_duration_seconds``):
     a whole look carries its actions (up to a tenth of a 1,000-node cluster's label
-    changes), so its own time says little about what observing and deciding cost."""
+    changes), so its own time says little about what observing and deciding cost.
+
+    Only looks that get to the end are recorded, every part and the look's own time (all
+    but ``act``) together, so the part means add up to the own mean; a look that stops
+    early (the policy gone, invalid or forbidden) or raises is in the whole-look histogram
+    only."""
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
         self.last = time.perf_counter()
-        self.own = 0.0
+        self.parts: list[tuple[str, float]] = []
 
     def done(self, part: str) -> None:
         now = time.perf_counter()
-        self.telemetry.look_part_seconds.labels(part).observe(now - self.last)
-        if part != "act":
-            self.own += now - self.last
+        self.parts.append((part, now - self.last))
         self.last = now
-        if part == "store":
-            self.telemetry.look_own_seconds.observe(self.own)
+
+    def flush(self) -> None:
+        for part, seconds in self.parts:
+            self.telemetry.look_part_seconds.labels(part).observe(seconds)
+        self.telemetry.look_own_seconds.observe(sum(s for p, s in self.parts if p != "act"))
 
 
 def _merged(current: Any, patch: Any) -> Any:
