@@ -64,8 +64,15 @@ def nft_services(run: Exec, node: str, namespace: str = NAMESPACE) -> int | None
     )
 
 
+def ask(
+    run: Exec, node: str, url: str, timeout: float = 1.0, prefix: Sequence[str] = ()
+) -> CompletedProcess[str]:
+    """One HTTP GET of ``url`` from the node (curl; ``prefix`` runs before it, e.g. nice)."""
+    return run(node, [*prefix, "curl", "-s", "-m", str(timeout), url])
+
+
 def echo(run: Exec, node: str, timeout: float = 1.0) -> str:
-    proc = run(node, ["curl", "-s", "-m", str(timeout), f"http://{ECHO_CLUSTER_IP}/"])
+    proc = ask(run, node, f"http://{ECHO_CLUSTER_IP}/", timeout)
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 

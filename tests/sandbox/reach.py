@@ -78,9 +78,7 @@ class Reachability:
         url = f"http://{evidence.ECHO_CLUSTER_IP}/"
         while not self.halt.is_set():
             began = time.monotonic()
-            proc = self.box.exec(
-                node, [*MEASURING_PRIORITY, "curl", "-s", "-m", str(ECHO_TIMEOUT), url]
-            )
+            proc = evidence.ask(self.box.exec, node, url, ECHO_TIMEOUT, MEASURING_PRIORITY)
             ok = proc.returncode == 0 and proc.stdout.startswith("echo-")
             self.samples[node].append((began, ok))
             if not ok and self.looking[node].acquire(blocking=False):
@@ -101,10 +99,9 @@ class Reachability:
                 node, ["sh", "-c", f"nft list table ip kube-proxy 2>/dev/null | grep -c -F {ip}"]
             )
             direct = sum(
-                self.box.exec(
-                    node,
-                    [*MEASURING_PRIORITY, "curl", "-s", "-m", str(ECHO_TIMEOUT),
-                     f"http://{b}:{BACKEND_PORT}/"],
+                evidence.ask(
+                    self.box.exec, node, f"http://{b}:{BACKEND_PORT}/", ECHO_TIMEOUT,
+                    MEASURING_PRIORITY,
                 ).stdout.startswith("echo-")
                 for b in self.backends
             )  # fmt: skip
@@ -128,8 +125,13 @@ class Reachability:
         resolution of one sample). A real overlap lasts seconds (29 s, all three nodes,
         with verification off: decision 0080); the seconds with more than one failing are
         summed whatever their length."""
+        worst, more_than_one, _ = self._overlap()
+        return worst, more_than_one
+
+    def _overlap(self) -> tuple[int, float, list[tuple[float, float]]]:
+        """``overlap`` and the spans that made its most (start, end)."""
         events = sorted((t, n, ok) for n, s in self.samples.items() for t, ok in s)
-        self.counted: list[tuple[float, float]] = []  # the spans that made ``worst``
+        counted: list[tuple[float, float]] = []
         state: dict[str, bool] = {}
         worst = int(any(not ok for _, _, ok in events))
         more_than_one, last = 0.0, None
@@ -147,45 +149,39 @@ class Reachability:
             elif span_start is not None:
                 if t - span_start >= ECHO_TIMEOUT:
                     worst = max(worst, span_most)
-                    self.counted.append((span_start, t))
+                    counted.append((span_start, t))
                 span_start, span_most = None, 0
         if span_start is not None and last is not None and last - span_start >= ECHO_TIMEOUT:
             worst = max(worst, span_most)
-            self.counted.append((span_start, last))
-        return worst, more_than_one
+            counted.append((span_start, last))
+        return worst, more_than_one, counted
 
     def misses_in_overlaps(self, within: float = 2.0) -> list[str]:
         """The misses in (or ``within`` seconds of) the spans ``overlap`` counted, each with
         what its node showed: where a report should point."""
-        self.overlap()
-        start = min((s[0][0] for s in self.samples.values() if s), default=0.0)
-        near = [
-            m for m in self.misses if any(a - within <= m.at <= b + within for a, b in self.counted)
-        ]
+        counted, start = self._overlap()[2], self._start()
+        near = [m for m in self.misses if any(a - within <= m.at <= b + within for a, b in counted)]
         return [m.line(start) for m in sorted(near, key=lambda m: m.at)]
 
     def worst_moments(self, limit: int = 5) -> list[str]:
         """When more than one node failed at once: the time (since the first sample) and
         the nodes, for a report that says where to look."""
-        return [f"{t:.1f}s {failing}" for t, failing in self._moments(limit)]
-
-    def _start(self) -> float:
-        return min((s[0][0] for s in self.samples.values() if s), default=0.0)
-
-    def _moments(self, limit: int) -> list[tuple[float, list[str]]]:
         events = sorted((t, n, ok) for n, s in self.samples.items() for t, ok in s)
         start = events[0][0] if events else 0.0
         state: dict[str, bool] = {}
-        out: list[tuple[float, list[str]]] = []
+        out: list[str] = []
         for t, node, ok in events:
             state[node] = ok
             failing = sorted(n for n, v in state.items() if not v)
             if len(failing) > 1 and len(out) < limit:
-                out.append((t - start, failing))
+                out.append(f"{t - start:.1f}s {failing}")
         return out
 
+    def _start(self) -> float:
+        return min((s[0][0] for s in self.samples.values() if s), default=0.0)
+
     def report(self) -> str:
-        worst, seconds = self.overlap()
+        worst, seconds, counted = self._overlap()
         fails = {n: sum(not ok for _, ok in s) for n, s in self.samples.items()}
         counts = {n: len(s) for n, s in self.samples.items()}
         said = (
@@ -193,7 +189,8 @@ class Reachability:
             f" than one); failed samples {fails} of {counts}"
         )
         if worst > 1:
-            spans = [f"{a - self._start():.1f}-{b - self._start():.1f}s" for a, b in self.counted]
+            start = self._start()
+            spans = [f"{a - start:.1f}-{b - start:.1f}s" for a, b in counted]
             said += f"; counted at {spans}; the misses then: {self.misses_in_overlaps()[:20]}"
         return said
 
