@@ -205,6 +205,23 @@ def operator_requests(text: str) -> float:
     return sum(float(m) for m in re.findall(pattern, text, re.M))
 
 
+def client_requests(metrics: str) -> dict[str, float]:
+    """The operator's own client's requests so far (``proxymode_api_requests_total``), by
+    verb and resource: what the looks and caches send, without kopf's policy watch."""
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for labels, value in re.findall(r"^proxymode_api_requests_total{([^}]*)} (\S+)$", text, re.M):
+        got = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        key = f"{got.get('verb')} {got.get('resource')}"
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def grown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+
+
 def request_breakdown(before: str, after: str) -> dict[str, float]:
     """``apiserver_request_total`` growth by verb and resource (every client: for reading
     beside the operator's own count, not as it)."""
@@ -353,7 +370,7 @@ def operator_run(
     try:
         time.sleep(3)  # kopf's start (its CRD and policy watches) is not the walk's
         cpu0, req0, text0 = cpu_seconds(record.pid), 0.0, apiserver_metrics(api)
-        req0 = operator_requests(text0)
+        req0, own0 = operator_requests(text0), client_requests(metrics)
         stages = [{"name": f"s{p}", "percent": p, "bakeSeconds": 0} for p in args.stage_percents]
         body = _policy(
             namespace,
@@ -383,10 +400,12 @@ def operator_run(
         out["requests"] = operator_requests(text1) - req0
         out["req_per_min"] = out["requests"] * 60 / out["whole"]
         out["breakdown"] = request_breakdown(text0, text1)
+        out["client"] = grown(own0, client_requests(metrics))
+        out["client_per_min"] = sum(out["client"].values()) * 60 / out["whole"]
         out["looks"] = looks(metrics)
         out["hwm_walk"] = status_mib(record.pid, "VmHWM")
         out["rss_walk_end"] = status_mib(record.pid, "VmRSS")
-        out.update(idle(api, namespace, record.pid, args.idle_seconds))
+        out.update(idle(api, namespace, record.pid, args.idle_seconds, metrics))
         out["hwm"] = status_mib(record.pid, "VmHWM")
         out["rss_end"] = status_mib(record.pid, "VmRSS")
         out["rss_samples"] = sampler.rss
@@ -397,7 +416,9 @@ def operator_run(
         proc.stop_pids([record.pid])
 
 
-def idle(api: client.ApiClient, namespace: str, pid: int, seconds: float) -> dict[str, Any]:
+def idle(
+    api: client.ApiClient, namespace: str, pid: int, seconds: float, metrics: str
+) -> dict[str, Any]:
     """A policy back to iptables whose canary stage bakes for an hour: the operator's
     requests per minute while nothing changes, at full cache size."""
     body = _policy(
@@ -417,10 +438,12 @@ def idle(api: client.ApiClient, namespace: str, pid: int, seconds: float) -> dic
     if status.get("phase") != "Analyzing":
         return {"idle_error": f"{status.get('phase')}: {status.get('message')}"}
     time.sleep(5)  # the look that entered Analyzing is done
-    cpu0, text0 = cpu_seconds(pid), apiserver_metrics(api)
+    cpu0, text0, own0 = cpu_seconds(pid), apiserver_metrics(api), client_requests(metrics)
     time.sleep(seconds)
-    text1 = apiserver_metrics(api)
+    text1, own = apiserver_metrics(api), grown(own0, client_requests(metrics))
     return {
+        "idle_client_per_min": sum(own.values()) * 60 / seconds,
+        "idle_client": own,
         "idle_req_per_min": (operator_requests(text1) - operator_requests(text0)) * 60 / seconds,
         "idle_cpu_per_min": (cpu_seconds(pid) - cpu0) * 60 / seconds,
         "idle_breakdown": request_breakdown(text0, text1),

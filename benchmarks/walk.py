@@ -199,15 +199,22 @@ def _rolled_out(apps: client.AppsV1Api, ns: str, timeout: float = 180) -> None:
     raise TimeoutError("the source never rolled out")
 
 
-def operator_walk(api: client.ApiClient, proxy: KubeProxy) -> tuple[float, float]:
+def operator_walk(
+    api: client.ApiClient, proxy: KubeProxy, *, verify: bool = False
+) -> tuple[float, float]:
     """The same walk by the running operator; (forward seconds, whole-run seconds)."""
     core = client.CoreV1Api(api)
     policies = Policies(api)
     pods = PodWatch(core, proxy.namespace)
     prefix = f"{naming.target_daemon_set('kube-proxy', MODE)}-"
     started = time.monotonic()
+    # Verification off: the script verifies nothing either (the verified walk is the
+    # verified-moves issue's figure, not this floor's).
     name = policies.create(
-        proxy.namespace, targetMode=MODE, stages=[{"name": "all", "percent": 100, "bakeSeconds": 0}]
+        proxy.namespace,
+        targetMode=MODE,
+        stages=[{"name": "all", "percent": 100, "bakeSeconds": 0}],
+        verify={"enabled": verify},
     )
     try:
         pods.until(
@@ -223,6 +230,7 @@ def operator_walk(api: client.ApiClient, proxy: KubeProxy) -> tuple[float, float
         policies.delete_all()
 
 
+VERIFIED = "this, verified"
 IDLE_SECONDS = 30
 """How long a baking policy is watched for the operator's steady-state API requests."""
 
@@ -321,13 +329,15 @@ def _operator_round(
     source: Path,
     log: Path,
     extra: dict[str, Any],
+    *,
+    verify: bool = False,
 ) -> tuple[float, float]:
     """One walk by the operator built from ``source``; its look times and RSS into ``extra``."""
     proxy, drop = _fresh(api)
     metrics = f"127.0.0.1:{proc.free_port()}"
     record = _operator(box, source, log, metrics)
     try:
-        walked = operator_walk(api, proxy)
+        walked = operator_walk(api, proxy, verify=verify)
         look, looks = _looks(metrics)
         extra.setdefault("look_ms", []).append(look * 1000)
         extra.setdefault("looks", []).append(looks)
@@ -367,8 +377,9 @@ def main(argv: list[str] | None = None) -> int:
             "bare script": [],
             args.before: [],
             "this": [],
+            VERIFIED: [],
         }
-        extra: dict[str, dict[str, Any]] = {args.before: {}, "this": {}}
+        extra: dict[str, dict[str, Any]] = {args.before: {}, "this": {}, VERIFIED: {}}
         try:
             box.up()
             api = config.new_client_from_config(config_file=str(box.kubeconfig))
@@ -390,6 +401,18 @@ def main(argv: list[str] | None = None) -> int:
                             extra[label],
                         )
                     )
+                # This build again with each node verified (the default): what the proof
+                # of a move costs on top of the floor.
+                rows[VERIFIED].append(
+                    _operator_round(
+                        box,
+                        api,
+                        ROOT / "operator",
+                        work / f"verified-{i}.log",
+                        extra[VERIFIED],
+                        verify=True,
+                    )
+                )
                 print(f"round {i + 1}: {rows} {extra}", flush=True)
             for label, source in builds:
                 extra[label]["idle"] = idle_requests_per_minute(
@@ -404,8 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     for label, got in rows.items():
         fwd = statistics.median(f for f, _ in got)
         whole = statistics.median(w for _, w in got)
-        print(f"{label:>12} {fwd:8.2f} {fwd / floor_fwd:6.1f} {whole:7.2f} {whole / floor:6.1f}")
+        print(f"{label:>12} {fwd:8.2f} {fwd / floor_fwd:6.2f} {whole:7.2f} {whole / floor:6.2f}")
     for label, got in extra.items():
+        if not got:
+            continue
         idle = got.get("idle", {})
         print(
             f"{label}: one look {statistics.median(got['look_ms']):.1f} ms (mean per walk, median"

@@ -27,6 +27,7 @@ from kubernetes import client, config
 from proxymode.api import models
 from proxymode.engine.actions import EmitEvent
 from proxymode.kube.cache import ClusterCache
+from proxymode.kube.counted import count_requests
 from proxymode.kube.reconcile import Reconciler
 from proxymode.kube.wakeups import Wakeups
 from proxymode.telemetry import Telemetry
@@ -85,6 +86,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     wakeups = Wakeups()
     wakeups.bind(asyncio.get_running_loop())
     api = _api_client()
+    count_requests(api, lambda *labels: telemetry.api_requests.labels(*labels).inc())
     cache = ClusterCache(api, on_change=wakeups.wake_all)
     memo.wakeups = wakeups
     memo.api = api

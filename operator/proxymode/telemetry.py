@@ -232,6 +232,13 @@ class Telemetry:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
+        self.api_requests = Counter(
+            "proxymode_api_requests",
+            "Requests the operator's Kubernetes client sent (its looks, caches, Jobs and"
+            " Events; not kopf's own watch of the policies), by verb, resource and HTTP code.",
+            ["verb", "resource", "code"],
+            registry=self.registry,
+        )
         self.reconcile_errors = Counter(
             "proxymode_reconcile_errors",
             "Looks that raised (the daemon logs them and looks again).",
