@@ -367,6 +367,7 @@ def _fresh(api: client.ApiClient) -> tuple[KubeProxy, Callable[[], None]]:
                     return
                 raise
             time.sleep(0.2)
+        raise TimeoutError(f"namespace {ns} was not gone 180 s after its deletion")
 
     return install_kube_proxy(api, ns), drop
 

@@ -234,8 +234,10 @@ class Telemetry:
         )
         self.api_requests = Counter(
             "proxymode_api_requests",
-            "Requests the operator's Kubernetes client sent (its looks, caches, Jobs and"
-            " Events; not kopf's own watch of the policies), by verb, resource and HTTP code.",
+            "Requests the operator's Kubernetes client sent (its looks, watch caches, label"
+            " and status patches, Jobs), by verb, resource and HTTP code; not what kopf sends"
+            " (its policy watch, finalizer and annotation patches, the Events) nor Prometheus"
+            " queries through the API server's proxy.",
             ["verb", "resource", "code"],
             registry=self.registry,
         )

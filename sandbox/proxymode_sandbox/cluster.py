@@ -685,8 +685,14 @@ class Sandbox:
             f"(last answer: {last}); last lines of {record.log}:\n{process.log_tail(record.log)}"
         )
 
-    def _wait(self, what: str, check: Callable[[], str | None]) -> None:
-        """Poll ``check`` (None = done, else why not yet) while watching every component."""
+    def _wait(
+        self,
+        what: str,
+        check: Callable[[], str | None],
+        explain: Callable[[], str] | None = None,
+    ) -> None:
+        """Poll ``check`` (None = done, else why not yet) while watching every component.
+        ``explain`` runs once at the deadline, to say more than ``check`` can each poll."""
         deadline = time.monotonic() + self.config.ready_timeout
         why: str | None = "not checked"
         while time.monotonic() < deadline:
@@ -696,8 +702,14 @@ class Sandbox:
             if why is None:
                 return
             time.sleep(0.5)
+        more = ""
+        if explain is not None:
+            try:
+                more = f"; {explain()}"
+            except Exception as e:  # the explanation must not hide the timeout
+                more = f"; (could not say more: {e})"
         raise SandboxError(
-            f"timed out after {self.config.ready_timeout:.0f}s waiting for {what}: {why}"
+            f"timed out after {self.config.ready_timeout:.0f}s waiting for {what}: {why}{more}"
         )
 
     def wait_nodes_ready(self) -> None:
@@ -724,7 +736,41 @@ class Sandbox:
             got = (st.get("desiredNumberScheduled"), st.get("numberReady"))
             return None if got == (want, want) else f"desired/ready {got}, want {want}"
 
-        self._wait("kube-proxy to be Ready on every node", check)
+        def explain() -> str:
+            """Which nodes lack a Ready kube-proxy pod, and what their pods show (a setup
+            once timed out at 24 of 25 with nothing more said)."""
+            pods = self.get_json("pods", namespace=kubeadm_proxy.NAMESPACE)["items"]
+            mine = [
+                p
+                for p in pods
+                if any(
+                    r.get("kind") == "DaemonSet" and r.get("name") == kubeadm_proxy.NAME
+                    for r in p["metadata"].get("ownerReferences") or []
+                )
+            ]
+            ready = {
+                (p.get("spec") or {}).get("nodeName")
+                for p in mine
+                if _condition(p, "Ready") == "True" and not p["metadata"].get("deletionTimestamp")
+            }
+            lacking = [n for n in self.node_names() if n not in ready]
+            shown = []
+            for p in mine:
+                node = (p.get("spec") or {}).get("nodeName") or "(unbound)"
+                if node in ready:
+                    continue
+                status = p.get("status") or {}
+                conditions = {
+                    c.get("type"): c.get("status") for c in status.get("conditions") or []
+                }
+                shown.append(
+                    f"{p['metadata']['name']} on {node}: phase {status.get('phase')},"
+                    f" conditions {conditions},"
+                    f" deleting {bool(p['metadata'].get('deletionTimestamp'))}"
+                )
+            return f"nodes without a Ready kube-proxy pod: {lacking}; their pods: {shown}"
+
+        self._wait("kube-proxy to be Ready on every node", check, explain)
 
     # -- kubectl and objects --
 

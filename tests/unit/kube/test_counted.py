@@ -37,10 +37,35 @@ H = "https://127.0.0.1:6443"
         ("GET", f"{H}/api/v1/namespaces", ("list", "namespaces")),
         ("GET", f"{H}/version/", ("get", "version")),
         ("PUT", f"{H}/api/v1/namespaces/kube-system/configmaps/c", ("update", "configmaps")),
+        ("GET", f"{H}/api", ("get", "discovery")),
+        ("GET", f"{H}/apis/apps/v1", ("get", "discovery")),
+        ("GET", f"{H}/api/v1/watch/nodes/node-7", ("watch", "nodes")),
+        ("GET", f"{H}/api/v1/watch/namespaces/ns/pods", ("watch", "pods")),
+        ("PUT", f"{H}/api/v1/namespaces/ns/status", ("update", "namespaces/status")),
+        ("GET", f"{H}/api/v1/namespaces/ns/pods/p/log", ("get", "pods/log")),
+        ("DELETE", f"{H}/apis/batch/v1/namespaces/ns/jobs", ("deletecollection", "jobs")),
     ],
 )
 def test_describe_names_verb_and_resource(method: str, url: str, expected: tuple[str, str]) -> None:
     assert describe(method, url) == expected
+
+
+def test_a_server_path_prefix_is_taken_off_first() -> None:
+    url = "https://rancher.example/k8s/clusters/c-1/api/v1/namespaces/a/pods?watch=true"
+    assert describe("GET", url, "/k8s/clusters/c-1") == ("watch", "pods")
+
+
+def test_no_object_name_becomes_a_label() -> None:
+    names = ("node-7", "ns-x", "pod-q", "job-z")
+    urls = [
+        f"{H}/api/v1/watch/nodes/node-7",
+        f"{H}/api/v1/watch/namespaces/ns-x/pods/pod-q",
+        f"{H}/api/v1/namespaces/ns-x/pods/pod-q/exec/extra",
+        f"{H}/apis/batch/v1/namespaces/ns-x/jobs/job-z/status",
+    ]
+    for url in urls:
+        _, resource = describe("GET", url)
+        assert not any(n in resource for n in names), (url, resource)
 
 
 class _Answer:
@@ -73,3 +98,15 @@ def test_every_request_is_recorded_once_with_its_code() -> None:
         ("delete", "nodes", "error"),
     ]
     assert len(sent) == 3
+
+
+def test_a_failing_record_changes_nothing_the_request_returns() -> None:
+    api = client.ApiClient(client.Configuration(host=H))
+    answer = _Answer()
+    api.rest_client.request = lambda *a, **k: answer  # type: ignore[method-assign]
+
+    def broken(*_labels: str) -> None:
+        raise RuntimeError("registry gone")
+
+    count_requests(api, broken)
+    assert api.rest_client.request("GET", f"{H}/api/v1/nodes") is answer
