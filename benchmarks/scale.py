@@ -219,6 +219,7 @@ def client_requests(metrics: str) -> dict[str, float]:
 
 
 def grown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What grew between two readings of counters keyed alike."""
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
 
 
@@ -235,8 +236,7 @@ def request_breakdown(before: str, after: str) -> dict[str, float]:
             out[key] = out.get(key, 0.0) + float(value)
         return out
 
-    a, b = parse(before), parse(after)
-    return {k: v - a.get(k, 0.0) for k, v in b.items() if v - a.get(k, 0.0) > 0}
+    return grown(parse(before), parse(after))
 
 
 class ProcSampler(threading.Thread):

@@ -46,7 +46,7 @@ from proxymode.kubeproxy.config import render_target_config
 from proxymode.kubeproxy.schema import parse_config
 from proxymode_sandbox import Sandbox, SandboxConfig
 from proxymode_sandbox import process as proc
-from tests.sandbox.harness import KubeProxy, Policies, install_kube_proxy
+from tests.sandbox.harness import KubeProxy, Policies, eventually, install_kube_proxy
 
 ROOT = Path(__file__).resolve().parents[1]
 MODE = "nftables"
@@ -358,16 +358,17 @@ def _fresh(api: client.ApiClient) -> tuple[KubeProxy, Callable[[], None]]:
         deleting its pods while the next contender walks slowed that walk (an A/A run, the
         same build in both slots, had the second 0.45 s slower forward, 1.5 s whole)."""
         core.delete_namespace(ns)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
+
+        def gone() -> bool:
             try:
                 core.read_namespace(ns)
             except client.exceptions.ApiException as e:
                 if e.status == 404:
-                    return
+                    return True
                 raise
-            time.sleep(0.2)
-        raise TimeoutError(f"namespace {ns} was not gone 180 s after its deletion")
+            return False
+
+        eventually(gone, timeout=180, interval=0.2, what=f"namespace {ns} to go")
 
     return install_kube_proxy(api, ns), drop
 
