@@ -117,11 +117,37 @@ class _Units:
 
 
 _measured: dict[str, float] = {}
+_spans: dict[str, list[tuple[float, float, str]]] = {}
+"""Worker id -> (start, stop, node id) of every test phase it ran (controller side)."""
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     nodeid = schedule.plain_nodeid(report.nodeid)
     _measured[nodeid] = _measured.get(nodeid, 0.0) + report.duration
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
+    if worker is not None:
+        _spans.setdefault(worker, []).append((report.start, report.stop, nodeid))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Each worker's share: when it finished and what kept it busy longest, so a run that
+    misses its budget shows whether one worker's units or the whole load is the cause."""
+    if not _spans:
+        return
+    first = min(start for spans in _spans.values() for start, _, _ in spans)
+    terminalreporter.section("workers (seconds from the first test's start)")
+    for worker in sorted(_spans):
+        spans = _spans[worker]
+        per_module: dict[str, float] = {}
+        for start, stop, nodeid in spans:
+            module = nodeid.split("::", 1)[0]
+            per_module[module] = per_module.get(module, 0.0) + stop - start
+        top = sorted(per_module.items(), key=lambda kv: -kv[1])[:3]
+        terminalreporter.write_line(
+            f"{worker}: done at {max(stop for _, stop, _ in spans) - first:.0f}, busy "
+            f"{sum(stop - start for start, stop, _ in spans):.0f}; longest: "
+            + ", ".join(f"{m} {t:.0f}" for m, t in top)
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -42,16 +42,25 @@ telemetry = Telemetry()
 """The process's metrics; ``__main__`` serves them when ``--metrics-address`` is given."""
 
 
+CONNECTIONS = 32
+"""The API client's connection pool. Each watch holds one for good (nodes, and per
+kube-proxy namespace its pods, Jobs, DaemonSets and ConfigMaps), and a look's label changes
+go out ``LABEL_WRITERS`` at a time beside other looks: the client's default pool (five per
+CPU, ten on two cores) would be full, and every request past it would open a connection
+only to drop it."""
+
+
 def _api_client() -> client.ApiClient:
     """In a pod: its ServiceAccount. Elsewhere: $KUBECONFIG (``make run``)."""
+    settings = client.Configuration()
     try:
-        config.load_incluster_config()
-        return client.ApiClient()
+        config.load_incluster_config(client_configuration=settings)
     except config.ConfigException:
-        api: client.ApiClient = config.new_client_from_config(
-            config_file=os.environ.get("KUBECONFIG")
+        config.load_kube_config(
+            config_file=os.environ.get("KUBECONFIG"), client_configuration=settings
         )
-        return api
+    settings.connection_pool_maxsize = CONNECTIONS
+    return client.ApiClient(settings)
 
 
 class _QuietWakeups(logging.Filter):

@@ -212,8 +212,8 @@ def test_cluster_role_is_exactly_what_the_operator_uses(bins: Path) -> None:
 
 
 KUBE_PROXY_GRANTS = {
-    ("apps", "daemonsets"): {"get", "create", "patch", "delete"},
-    ("", "configmaps"): {"get", "create", "patch", "delete"},
+    ("apps", "daemonsets"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},
     ("batch", "jobs"): {"list", "watch", "create", "delete"},
     ("", "pods"): {"list", "watch"},
 }

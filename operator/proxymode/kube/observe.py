@@ -36,6 +36,7 @@ from proxymode.engine.observed import (
     ProxyPod,
 )
 from proxymode.kube.cache import ClusterCache, PodRecord
+from proxymode.kube.object_cache import CONFIG_MAP, DAEMON_SET
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 VERIFY_IMAGE_ENV = "PROXYMODE_VERIFY_IMAGE"
@@ -133,9 +134,9 @@ def _from_record(record: PodRecord, kind: ProxyKind) -> ProxyPod:
 class Observer:
     """Takes ``Observed`` snapshots for policies through one API client.
 
-    With a ``ClusterCache`` (the operator), nodes, kube-proxy pods and Jobs come from its
-    watches and a look lists nothing in steady state; without one (tests, tools), each
-    look lists them.
+    With a ``ClusterCache`` (the operator), nodes, kube-proxy pods, Jobs, DaemonSets and
+    ConfigMaps come from its watches and a look lists and GETs none of them in steady state;
+    without one (tests, tools), each look lists and reads them.
     """
 
     def __init__(self, api: client.ApiClient, cache: ClusterCache | None = None) -> None:
@@ -159,16 +160,14 @@ class Observer:
         ns = ref.namespace
         mode = str(policy.spec.target_mode)
         name = str(policy.metadata.get("name", ""))
-        source_ds = _raw(self.apps.read_namespaced_daemon_set, ref.daemon_set, ns)
-        target_ds = _raw(
-            self.apps.read_namespaced_daemon_set, naming.target_daemon_set(ref.daemon_set, mode), ns
-        )
+        source_ds = self._object(DAEMON_SET, ns, ref.daemon_set)
+        target_ds = self._object(DAEMON_SET, ns, naming.target_daemon_set(ref.daemon_set, mode))
         nodes = tuple(
             self.cache.nodes()
             if self.cache is not None
             else (node_view(n) for n in self._list(self.core.list_node))
         )
-        backup = _raw(self.core.read_namespaced_config_map, naming.backup_config_map(name), ns)
+        backup = self._object(CONFIG_MAP, ns, naming.backup_config_map(name))
         annotations = policy.metadata.get("annotations") or {}
         return Observed(
             now=now or datetime.now(UTC),
@@ -176,12 +175,10 @@ class Observer:
             nodes=nodes,
             pods=self._pods(ns, source_ds, target_ds),
             source_daemon_set=source_ds,
-            source_config_map=_raw(self.core.read_namespaced_config_map, ref.config_map, ns),
+            source_config_map=self._object(CONFIG_MAP, ns, ref.config_map),
             target_daemon_set=target_ds,
-            target_config_map=_raw(
-                self.core.read_namespaced_config_map,
-                naming.target_config_map(ref.config_map, mode),
-                ns,
+            target_config_map=self._object(
+                CONFIG_MAP, ns, naming.target_config_map(ref.config_map, mode)
             ),
             backup=(backup or {}).get("data") if backup is not None else None,
             jobs=self._jobs(ns, name),
@@ -194,6 +191,17 @@ class Observer:
             verify_image=os.environ.get(VERIFY_IMAGE_ENV, ""),
             service_ips=self._verify_service(policy),
         )
+
+    def _object(self, kind: str, namespace: str, name: str) -> Object | None:
+        """A DaemonSet or ConfigMap: from the cache's watches, or (no cache) a GET."""
+        if self.cache is not None:
+            return self.cache.objects.get(kind, namespace, name)
+        read = (
+            self.apps.read_namespaced_daemon_set
+            if kind == DAEMON_SET
+            else self.core.read_namespaced_config_map
+        )
+        return _raw(read, name, namespace)
 
     def _verify_service(self, policy: ProxyModePolicy) -> dict[str, str]:
         """The ClusterIP of ``spec.verify.service`` (one GET; nothing when verify is off)."""

@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -21,11 +21,11 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from proxymode.api import models
-from proxymode.api.models import Analysis, Phase
+from proxymode.api.models import Analysis, Phase, ProxyModePolicy
 from proxymode.api.reasons import EventReason
-from proxymode.engine.actions import EmitEvent
+from proxymode.engine.actions import Action, EmitEvent
 from proxymode.engine.machine import advance
-from proxymode.kube import rounds, series
+from proxymode.kube import object_cache, rounds, series
 from proxymode.kube.cache import ClusterCache
 from proxymode.kube.execute import Executor
 from proxymode.kube.observe import Observer
@@ -178,8 +178,7 @@ class Reconciler:
         clock.done("measure")
         decision = advance(policy, observed)
         clock.done("decide")
-        executor = Executor(self.api, name, lambda event: self.events(body, event))
-        done = executor.run(decision.actions)
+        done = self._act(name, body, policy, decision.actions)
         clock.done("act")
         status = decision.status.model_dump(by_alias=True, mode="json", exclude_none=False)
         if done < len(decision.actions):
@@ -203,6 +202,29 @@ class Reconciler:
             release_finalizer=decision.release_finalizer,
             phase=str(decision.status.phase),
         )
+
+    def _act(
+        self, name: str, body: dict[str, Any], policy: ProxyModePolicy, actions: Sequence[Action]
+    ) -> int:
+        """Run the engine's actions; what they write is read fresh until the cache has it."""
+        executor = Executor(self.api, name, lambda event: self.events(body, event))
+        touched = object_cache.written(actions)
+        self._unsettle(touched)
+        try:
+            done = executor.run(actions)
+        finally:
+            # Again once the writes are in: a look in between may have found the cache
+            # agreeing with the state before them.
+            self._unsettle(touched)
+        if done < len(actions):
+            # Refused: what was decided on may itself have been a cache's stale copy.
+            self._unsettle(object_cache.read_by(policy))
+        return done
+
+    def _unsettle(self, keys: set[object_cache.Key]) -> None:
+        """The next looks read these with a GET until the watches have caught up."""
+        if keys and self.observer.cache is not None:
+            self.observer.cache.objects.unsettle(keys)
 
     def _store(self, name: str, status: dict[str, Any], body: dict[str, Any]) -> None:
         """Merge-patch the status subresource; ``None`` values clear fields the engine dropped.

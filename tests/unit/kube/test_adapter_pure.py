@@ -8,9 +8,10 @@ import asyncio
 from typing import Any
 
 from proxymode.__main__ import seniority
-from proxymode.kube.cache import _backoff, job_record, pod_record
+from proxymode.kube.cache import job_record, pod_record
 from proxymode.kube.reconcile import _merged
 from proxymode.kube.wakeups import Wakeups, policy_key
+from proxymode.kube.watched import _backoff
 
 
 def test_merge_patch_semantics_decide_whether_anything_changed() -> None:
