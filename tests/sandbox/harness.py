@@ -175,8 +175,10 @@ class Sampler(threading.Thread):
         self.samples += 1
 
     def stop(self) -> None:
+        """Stop counting once every event up to now is in (a stream or two: seconds)."""
         self.halt.set()
-        self.join(timeout=5)
+        self.join(timeout=30)
+        assert not self.is_alive(), "the pod watch did not end"
 
 
 class PodStarts(threading.Thread):
@@ -196,7 +198,11 @@ class PodStarts(threading.Thread):
         self.before = {p.metadata.uid for p in listed.items}
 
     def run(self) -> None:
-        while not self.halt.is_set():
+        # Each stream ends on the server's 2 s timeout; one that ends after ``stop`` was
+        # asked for has delivered everything up to then. (Breaking off at the first event
+        # after it dropped the events still queued behind that one: a start seen by the
+        # API server before the test stopped counting, lost when this thread lagged.)
+        while True:
             stream = watch.Watch()
             try:
                 for event in stream.stream(
@@ -210,14 +216,14 @@ class PodStarts(threading.Thread):
                     self.version = pod.metadata.resource_version or self.version
                     if pod.metadata.uid not in self.before and pod.spec.node_name:
                         self.node_of[pod.metadata.uid] = pod.spec.node_name
-                    if self.halt.is_set():
-                        break
             except ApiException as e:
                 if e.status == 410:  # too old: starts may have been missed; the test says so
                     self.expired = True
                     return
             finally:
                 stream.stop()
+            if self.halt.is_set():
+                return
 
     def per_node(self) -> dict[str, int]:
         assert not self.expired, "the pod watch expired: some starts were not seen"
@@ -227,8 +233,10 @@ class PodStarts(threading.Thread):
         return counts
 
     def stop(self) -> None:
+        """Stop counting once every event up to now is in (a stream or two: seconds)."""
         self.halt.set()
-        self.join(timeout=5)
+        self.join(timeout=30)
+        assert not self.is_alive(), "the pod watch did not end"
 
 
 PATIENCE = 2.0
