@@ -28,6 +28,7 @@ GETs, as before, and tried again every ``REFUSED_RETRY_SECONDS``.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import threading
@@ -102,10 +103,11 @@ def _version(obj: Mapping[str, Any] | None) -> str | None:
 class ObjectCache:
     """DaemonSets and ConfigMaps per namespace; ``get`` is a look's only way to read one."""
 
-    def __init__(self, api: client.ApiClient, on_change: Callable[[], None]) -> None:
+    def __init__(self, api: client.ApiClient, in_namespace: Callable[[str], None]) -> None:
+        """``in_namespace(ns)`` is called when an object a look read in ``ns`` changed."""
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
-        self.on_change = on_change
+        self.in_namespace = in_namespace
         self._lock = threading.Lock()
         self._making = threading.Lock()
         self._watched: dict[tuple[str, str], Watched[Object]] = {}
@@ -202,7 +204,7 @@ class ObjectCache:
                 f"{kind.lower()}s/{namespace}",
                 call,
                 self._reduce(kind, wakes),
-                self.on_change,
+                functools.partial(self.in_namespace, namespace),
                 namespace,
                 wakes=wakes,
             )
