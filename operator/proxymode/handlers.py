@@ -96,7 +96,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     wakeups.bind(asyncio.get_running_loop())
     api = _api_client()
     count_requests(api, lambda *labels: telemetry.api_requests.labels(*labels).inc())
-    cache = ClusterCache(api, on_change=wakeups.wake_all, in_namespace=wakeups.wake_namespace)
+    cache = ClusterCache(api, on_change=wakeups.wake_all)
     memo.wakeups = wakeups
     memo.api = api
     memo.cache = cache
@@ -143,8 +143,6 @@ async def drive(
             wakeups.forget(name)
             driver.forget(name)
             return
-        if outcome.namespace:
-            wakeups.reads(name, outcome.namespace)
         await wakeups.wait(
             name, max(0.5, min(outcome.requeue_seconds, MAX_REQUEUE_SECONDS)), stopped
         )

@@ -16,7 +16,6 @@ only in kube-proxy's namespaces), started the first time a policy there is obser
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -130,27 +129,18 @@ def _time(text: str | None) -> datetime | None:
 class ClusterCache:
     """Nodes (cluster-wide), and kube-proxy pods and proxymode Jobs per namespace."""
 
-    def __init__(
-        self,
-        api: client.ApiClient,
-        on_change: Callable[[], None],
-        in_namespace: Callable[[str], None] | None = None,
-    ) -> None:
-        """``on_change`` is called for a node's change (any policy may care);
-        ``in_namespace`` (default: ``on_change``) for a change in one kube-proxy namespace,
-        which only the policies of that namespace read."""
+    def __init__(self, api: client.ApiClient, on_change: Callable[[], None]) -> None:
         from proxymode.kube.observe import node_view  # noqa: PLC0415 - observe imports cache
 
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
         self.on_change = on_change
-        self.in_namespace: Callable[[str], None] = in_namespace or (lambda _ns: on_change())
         self._lock = threading.Lock()
         self._node_view = node_view
         self._nodes: Watched[NodeView] | None = None
         self._pods: dict[str, Watched[PodRecord]] = {}
         self._jobs: dict[str, Watched[JobRecord]] = {}
-        self.objects = ObjectCache(api, self.in_namespace)
+        self.objects = ObjectCache(api, on_change)
         """kube-proxy's DaemonSets and ConfigMaps (``kube.object_cache``)."""
 
     def nodes(self) -> list[NodeView]:
@@ -168,7 +158,7 @@ class ClusterCache:
                     f"pods/{namespace}",
                     self.core.list_namespaced_pod,
                     pod_record,
-                    functools.partial(self.in_namespace, namespace),
+                    self.on_change,
                     namespace,
                 )
         return watched.items()
@@ -181,7 +171,7 @@ class ClusterCache:
                     f"jobs/{namespace}",
                     self.batch.list_namespaced_job,
                     job_record,
-                    functools.partial(self.in_namespace, namespace),
+                    self.on_change,
                     namespace,
                     label_selector=MANAGED_SELECTOR,
                 )

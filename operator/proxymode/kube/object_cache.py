@@ -28,7 +28,6 @@ GETs, as before, and tried again every ``REFUSED_RETRY_SECONDS``.
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import logging
 import threading
@@ -103,11 +102,10 @@ def _version(obj: Mapping[str, Any] | None) -> str | None:
 class ObjectCache:
     """DaemonSets and ConfigMaps per namespace; ``get`` is a look's only way to read one."""
 
-    def __init__(self, api: client.ApiClient, in_namespace: Callable[[str], None]) -> None:
-        """``in_namespace(ns)`` is called when an object a look read in ``ns`` changed."""
+    def __init__(self, api: client.ApiClient, on_change: Callable[[], None]) -> None:
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
-        self.in_namespace = in_namespace
+        self.on_change = on_change
         self._lock = threading.Lock()
         self._making = threading.Lock()
         self._watched: dict[tuple[str, str], Watched[Object]] = {}
@@ -204,7 +202,7 @@ class ObjectCache:
                 f"{kind.lower()}s/{namespace}",
                 call,
                 self._reduce(kind, wakes),
-                functools.partial(self.in_namespace, namespace),
+                self.on_change,
                 namespace,
                 wakes=wakes,
             )

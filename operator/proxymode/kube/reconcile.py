@@ -45,8 +45,6 @@ class Outcome:
     release_finalizer: bool = False
     phase: str | None = None
     gone: bool = False
-    namespace: str | None = None
-    """The kube-proxy namespace the look read (its changes wake this policy)."""
 
 
 class Reconciler:
@@ -203,7 +201,6 @@ class Reconciler:
             requeue_seconds=decision.requeue_seconds,
             release_finalizer=decision.release_finalizer,
             phase=str(decision.status.phase),
-            namespace=policy.spec.kube_proxy.namespace,
         )
 
     def _act(

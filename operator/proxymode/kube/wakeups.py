@@ -3,9 +3,7 @@
 The engine asks for a requeue interval (seconds while nodes move, a minute when idle);
 that interval is only the fallback. A change to the policy itself (its generation: any
 spec edit, ``spec.paused`` included; its ``proxymode.io/action`` annotation; its deletion)
-or to a node wakes the daemon at once; so does a change to a kube-proxy pod, Job,
-DaemonSet or ConfigMap in the namespace its looks read (not in another policy's: with
-eight policies in eight namespaces, one pod's change made eight looks). Wake-ups coalesce:
+or to a node, kube-proxy pod or cleanup Job wakes the daemon at once. Wake-ups coalesce:
 ten node changes during one look make one more look, not ten.
 
 The events are ``asyncio.Event`` objects of kopf's loop; ``wake`` may be called from any
@@ -41,8 +39,6 @@ class Wakeups:
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
         self._keys: dict[str, PolicyKey] = {}
-        self._namespaces: dict[str, str] = {}
-        """Policy -> the kube-proxy namespace its looks read (known after its first look)."""
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.count = 0
@@ -86,19 +82,6 @@ class Wakeups:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
                 loop.call_soon_threadsafe(event.set)
 
-    def reads(self, name: str, namespace: str) -> None:
-        """``name``'s looks read pods, Jobs, DaemonSets and ConfigMaps in ``namespace``."""
-        with self._lock:
-            self._namespaces[name] = namespace
-
-    def wake_namespace(self, namespace: str) -> None:
-        """Something changed in ``namespace``: wake the policies that read it (and those
-        not looked at yet, whose namespace is not known)."""
-        with self._lock:
-            names = [n for n in self._events if self._namespaces.get(n, namespace) == namespace]
-        for name in names:
-            self.wake(name)
-
     def wake_all(self) -> None:
         with self._lock:
             names = list(self._events)
@@ -123,4 +106,3 @@ class Wakeups:
         with self._lock:
             self._events.pop(name, None)
             self._keys.pop(name, None)
-            self._namespaces.pop(name, None)

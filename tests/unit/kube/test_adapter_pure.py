@@ -56,22 +56,6 @@ def test_wakeups_coalesce_and_the_requeue_is_the_fallback() -> None:
     assert (first, woken, again) == (False, True, False)
 
 
-def test_a_change_in_a_namespace_wakes_only_the_policies_that_read_it() -> None:
-    async def scenario() -> dict[str, bool]:
-        wakeups = Wakeups()
-        wakeups.bind(asyncio.get_running_loop())
-        stopped = asyncio.Event()
-        for name in ("a", "b", "new"):
-            await wakeups.wait(name, 0.01, stopped)  # each daemon waits once
-        wakeups.reads("a", "kube-system")
-        wakeups.reads("b", "other")
-        wakeups.wake_namespace("kube-system")
-        return {n: await wakeups.wait(n, 0.01, stopped) for n in ("a", "b", "new")}
-
-    # "new" has not been looked at: its namespace is not known, so it is woken too.
-    assert asyncio.run(scenario()) == {"a": True, "b": False, "new": True}
-
-
 def test_the_cache_keeps_only_what_the_engine_reads() -> None:
     pod = {
         "metadata": {
