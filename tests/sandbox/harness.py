@@ -16,15 +16,17 @@ import time
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from kubernetes import client, watch
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from proxymode.api import models
 from proxymode.engine.observed import MODE_LABEL
 from proxymode_sandbox import kubeadm_proxy
+from proxymode_sandbox.kubeconfig import write_kubeconfig
 
 T = TypeVar("T")
 
@@ -78,6 +80,21 @@ def install_kube_proxy(
     proxy.ds_spec = raw(apps.read_namespaced_daemon_set, "kube-proxy", namespace)["spec"]
     proxy.cm_data = core.read_namespaced_config_map("kube-proxy", namespace).data
     return proxy
+
+
+def service_account_client(
+    sandbox: Any, core: client.CoreV1Api, namespace: str, name: str, where: Path
+) -> client.ApiClient:
+    """An API client authenticated as ServiceAccount ``namespace/name`` (a 10-minute token;
+    the kubeconfig is written under ``where``): what a narrowly granted operator sees."""
+    token = core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"audiences": [], "expirationSeconds": 600}}
+    ).status.token
+    kc = write_kubeconfig(
+        where / name, sandbox.server, (sandbox.pki / "ca.crt").read_bytes(), user=name, token=token
+    )
+    made: client.ApiClient = config.new_client_from_config(config_file=str(kc))
+    return made
 
 
 def raw(call: Callable[..., Any], *args: Any) -> dict[str, Any]:

@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 
 from proxymode.kube.object_cache import CONFIG_MAP, ObjectCache
 from proxymode_sandbox import Sandbox
-from proxymode_sandbox.kubeconfig import write_kubeconfig
-from tests.sandbox.harness import eventually
+from tests.sandbox.harness import eventually, service_account_client
 
 pytestmark = pytest.mark.sandbox
 
@@ -152,17 +151,7 @@ def test_a_refused_list_falls_back_to_gets(
             "subjects": [{"kind": "ServiceAccount", "name": "get-only", "namespace": namespace}],
         },
     )
-    token = core.create_namespaced_service_account_token(
-        "get-only", namespace, {"spec": {"audiences": [], "expirationSeconds": 600}}
-    ).status.token
-    kc = write_kubeconfig(
-        tmp_path / "get-only",
-        sandbox.server,
-        (sandbox.pki / "ca.crt").read_bytes(),
-        user="get-only",
-        token=token,
-    )
-    weak = config.new_client_from_config(config_file=str(kc))
+    weak = service_account_client(sandbox, core, namespace, "get-only", tmp_path)
     eventually(
         lambda: client.CoreV1Api(weak).read_namespaced_config_map(name, namespace),
         timeout=30,

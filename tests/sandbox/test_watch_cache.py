@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 
 from proxymode.kube.cache import Watched
 from proxymode.kube.observe import node_view
 from proxymode_sandbox import Sandbox
-from proxymode_sandbox.kubeconfig import write_kubeconfig
-from tests.sandbox.harness import eventually
+from tests.sandbox.harness import eventually, service_account_client
 
 pytestmark = pytest.mark.sandbox
 
@@ -80,17 +79,9 @@ def test_a_refused_watch_backs_off_instead_of_spinning(
         }
     )
     try:
-        token = core.create_namespaced_service_account_token(
-            "list-only", namespace, {"spec": {"audiences": [], "expirationSeconds": 600}}
-        ).status.token
-        kc = write_kubeconfig(
-            tmp_path / "list-only",
-            sandbox.server,
-            (sandbox.pki / "ca.crt").read_bytes(),
-            user="list-only",
-            token=token,
+        weak = client.CoreV1Api(
+            service_account_client(sandbox, core, namespace, "list-only", tmp_path)
         )
-        weak = client.CoreV1Api(config.new_client_from_config(config_file=str(kc)))
         eventually(lambda: _can_list(weak), timeout=30, what="the binding to take effect")
         nodes = Watched("nodes", weak.list_node, node_view, lambda: None)
         try:

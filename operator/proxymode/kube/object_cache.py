@@ -33,6 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from kubernetes import client
@@ -80,19 +81,52 @@ def written(actions: Iterable[Action]) -> set[Key]:
     return {k for k in keys if k[0] in KINDS}
 
 
-def read_by(policy: ProxyModePolicy) -> set[Key]:
-    """The DaemonSets and ConfigMaps a look at ``policy`` reads (``kube.observe``)."""
+@dataclass(frozen=True)
+class PolicyObjects:
+    """The DaemonSets and ConfigMaps a look at one policy reads (``kube.observe``), named
+    once so that what a look reads and what a refused batch unsettles cannot differ."""
+
+    source_daemon_set: Key
+    target_daemon_set: Key
+    source_config_map: Key
+    target_config_map: Key
+    backup: Key
+
+
+def objects_of(policy: ProxyModePolicy) -> PolicyObjects:
     ref = policy.spec.kube_proxy
     mode = str(policy.spec.target_mode)
     name = str(policy.metadata.get("name", ""))
     ns = ref.namespace
-    return {
-        (DAEMON_SET, ns, ref.daemon_set),
-        (DAEMON_SET, ns, naming.target_daemon_set(ref.daemon_set, mode)),
-        (CONFIG_MAP, ns, ref.config_map),
-        (CONFIG_MAP, ns, naming.target_config_map(ref.config_map, mode)),
-        (CONFIG_MAP, ns, naming.backup_config_map(name)),
-    }
+    return PolicyObjects(
+        source_daemon_set=(DAEMON_SET, ns, ref.daemon_set),
+        target_daemon_set=(DAEMON_SET, ns, naming.target_daemon_set(ref.daemon_set, mode)),
+        source_config_map=(CONFIG_MAP, ns, ref.config_map),
+        target_config_map=(CONFIG_MAP, ns, naming.target_config_map(ref.config_map, mode)),
+        backup=(CONFIG_MAP, ns, naming.backup_config_map(name)),
+    )
+
+
+def read_by(policy: ProxyModePolicy) -> set[Key]:
+    """Every object ``objects_of`` names: what a refused batch unsettles."""
+    return set(astuple(objects_of(policy)))
+
+
+def read_object(api: client.ApiClient, key: Key) -> Object | None:
+    """One GET, kept as the cache keeps it; None when it is absent."""
+    kind, namespace, name = key
+    call: Callable[..., Any] = (
+        client.AppsV1Api(api).read_namespaced_daemon_set
+        if kind == DAEMON_SET
+        else client.CoreV1Api(api).read_namespaced_config_map
+    )
+    try:
+        response = call(name, namespace, _preload_content=False)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return kept(kind)(json.loads(response.data))
 
 
 def _version(obj: Mapping[str, Any] | None) -> str | None:
@@ -103,6 +137,7 @@ class ObjectCache:
     """DaemonSets and ConfigMaps per namespace; ``get`` is a look's only way to read one."""
 
     def __init__(self, api: client.ApiClient, on_change: Callable[[], None]) -> None:
+        self.api = api
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
         self.on_change = on_change
@@ -224,19 +259,8 @@ class ObjectCache:
         return made
 
     def _read(self, kind: str, namespace: str, name: str) -> Object | None:
-        call: Callable[..., Any] = (
-            self.apps.read_namespaced_daemon_set
-            if kind == DAEMON_SET
-            else self.core.read_namespaced_config_map
-        )
         self.gets += 1
-        try:
-            response = call(name, namespace, _preload_content=False)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        return kept(kind)(json.loads(response.data))
+        return read_object(self.api, (kind, namespace, name))
 
     def all(self) -> list[Watched[Object]]:
         with self._lock:

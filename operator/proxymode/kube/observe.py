@@ -19,7 +19,6 @@ from kubernetes.client.exceptions import ApiException
 
 from proxymode.api import models
 from proxymode.api.models import Phase, ProxyModePolicy
-from proxymode.engine import naming
 from proxymode.engine.objects import job_node
 from proxymode.engine.observed import (
     ACTION_ANNOTATION,
@@ -36,7 +35,7 @@ from proxymode.engine.observed import (
     ProxyPod,
 )
 from proxymode.kube.cache import ClusterCache, PodRecord
-from proxymode.kube.object_cache import CONFIG_MAP, DAEMON_SET
+from proxymode.kube.object_cache import Key, objects_of, read_object
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 VERIFY_IMAGE_ENV = "PROXYMODE_VERIFY_IMAGE"
@@ -158,16 +157,16 @@ class Observer:
     ) -> Observed:
         ref = policy.spec.kube_proxy
         ns = ref.namespace
-        mode = str(policy.spec.target_mode)
         name = str(policy.metadata.get("name", ""))
-        source_ds = self._object(DAEMON_SET, ns, ref.daemon_set)
-        target_ds = self._object(DAEMON_SET, ns, naming.target_daemon_set(ref.daemon_set, mode))
+        reads = objects_of(policy)
+        source_ds = self._object(reads.source_daemon_set)
+        target_ds = self._object(reads.target_daemon_set)
         nodes = tuple(
             self.cache.nodes()
             if self.cache is not None
             else (node_view(n) for n in self._list(self.core.list_node))
         )
-        backup = self._object(CONFIG_MAP, ns, naming.backup_config_map(name))
+        backup = self._object(reads.backup)
         annotations = policy.metadata.get("annotations") or {}
         return Observed(
             now=now or datetime.now(UTC),
@@ -175,11 +174,9 @@ class Observer:
             nodes=nodes,
             pods=self._pods(ns, source_ds, target_ds),
             source_daemon_set=source_ds,
-            source_config_map=self._object(CONFIG_MAP, ns, ref.config_map),
+            source_config_map=self._object(reads.source_config_map),
             target_daemon_set=target_ds,
-            target_config_map=self._object(
-                CONFIG_MAP, ns, naming.target_config_map(ref.config_map, mode)
-            ),
+            target_config_map=self._object(reads.target_config_map),
             backup=(backup or {}).get("data") if backup is not None else None,
             jobs=self._jobs(ns, name),
             facts=self._facts(policy)
@@ -192,16 +189,11 @@ class Observer:
             service_ips=self._verify_service(policy),
         )
 
-    def _object(self, kind: str, namespace: str, name: str) -> Object | None:
+    def _object(self, key: Key) -> Object | None:
         """A DaemonSet or ConfigMap: from the cache's watches, or (no cache) a GET."""
         if self.cache is not None:
-            return self.cache.objects.get(kind, namespace, name)
-        read = (
-            self.apps.read_namespaced_daemon_set
-            if kind == DAEMON_SET
-            else self.core.read_namespaced_config_map
-        )
-        return _raw(read, name, namespace)
+            return self.cache.objects.get(*key)
+        return read_object(self.api, key)
 
     def _verify_service(self, policy: ProxyModePolicy) -> dict[str, str]:
         """The ClusterIP of ``spec.verify.service`` (one GET; nothing when verify is off)."""
