@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from proxymode.api.models import GROUP, KIND, VERSION, Phase, PolicySpec, ProxyModePolicy
@@ -567,27 +568,23 @@ def _expected_after(action: str, obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class _NotFound:
-    """An API where nothing exists, so the Observer reads only the policy itself."""
+class _NotFoundClient(ApiClient):
+    """An API where nothing exists, so the Observer reads only the policy itself.
 
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        def call(*_args: Any, **_kwargs: Any) -> Any:
-            raise ApiException(status=404, reason="Not Found")
+    Every request the typed clients build ends here, so a look's reads (its GETs of the
+    DaemonSets and ConfigMaps, its lists of nodes, pods and Jobs) each find nothing,
+    whichever helper the Observer reads them through.
+    """
 
-        return call
+    def call_api(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise ApiException(status=404, reason="Not Found")
 
 
 class _PolicyOnlyObserver(Observer):
-    """The operator's real Observer over an API where nothing exists.
-
-    ``Observer.__init__`` is skipped: its typed API clients take a second to import and
-    would be replaced by the stubs anyway.
-    """
+    """The operator's real Observer over an API where nothing exists, and no watch cache."""
 
     def __init__(self) -> None:
-        for api in ("core", "apps", "batch", "custom", "discovery"):
-            setattr(self, api, _NotFound())
-        self.cache = None  # no watch cache: every look lists, and finds nothing
+        super().__init__(_NotFoundClient())
 
     def _facts(self, policy: ProxyModePolicy) -> ClusterFacts:
         """Pending and Preflight also gather cluster facts (the version API): none here."""
