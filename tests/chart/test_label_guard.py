@@ -79,7 +79,7 @@ def _kubectl(box: Sandbox, bins: Path, *args: str, stdin: str) -> None:
 
 @pytest.fixture(scope="module")
 def guard(sandbox: Sandbox, bins: Path) -> Iterator[Guard]:
-    scope = uuid.uuid4().hex[:8]
+    scope = f"g{uuid.uuid4().hex[:7]}"  # never all digits: helm --set would make it a number
     service_account = f"guard-operator-{scope}"
     objects = render(
         bins,

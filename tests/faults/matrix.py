@@ -37,6 +37,19 @@ stalls every case of the round at once (kube-apiserver took up to 131 s to serve
 its restart on a machine at load 35), and the operator's 65 s freeze adds to it."""
 
 
+@dataclass(frozen=True)
+class _Ended:
+    """A run that ended where a case waited for something else (``Matrix.until``)."""
+
+    status: dict[str, Any]
+
+
+def _summary(st: dict[str, Any]) -> str:
+    """A status in a line: what a failed wait reports."""
+    keys = ("phase", "currentStage", "currentStageName", "message", "rollbackMessage", "reason")
+    return ", ".join(f"{k}={st[k]!r}" for k in keys if st.get(k) not in (None, ""))
+
+
 @dataclass
 class Case:
     """One row of the matrix: what was done, when, and how the run ended."""
@@ -89,13 +102,29 @@ class Matrix:
         """Poll the policy's status until ``probe(status)`` is truthy; returns that value.
 
         As ``Policies.wait_phase``: ``timeout`` is a quiet machine's, the deadline
-        ``PATIENCE`` times that (the matrix shares 2 cores with the rest of the suite)."""
-        return eventually(
-            lambda: probe(self.status(name)),
-            timeout=timeout * PATIENCE,
-            interval=0.1,
-            what=f"{name}: {what}",
-        )
+        ``PATIENCE`` times that (the matrix shares 2 cores with the rest of the suite). A run
+        that ends without ``probe`` accepting it fails at once, with its phase and messages
+        (it would never be accepted: waiting out the deadline only hides why)."""
+        seen: dict[str, Any] = {}
+
+        def look() -> Any:
+            st = self.status(name)
+            seen.clear()
+            seen.update(st)
+            value = probe(st)
+            if not value and st.get("phase") in END_PHASES:
+                return _Ended(st)
+            return value
+
+        try:
+            value = eventually(
+                look, timeout=timeout * PATIENCE, interval=0.1, what=f"{name}: {what}"
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}; last seen: {_summary(seen)}") from e
+        if isinstance(value, _Ended):
+            raise AssertionError(f"{name} ended before {what}: {_summary(value.status)}")
+        return value
 
     def move_in_flight(
         self, name: str, nodes: set[str], skip: set[str], timeout: float = WAIT
