@@ -37,6 +37,19 @@ from tests.faults.worlds import (
 from tests.sandbox.harness import Policies, mode_of, node_modes, pods_by_node
 
 READY_TIMEOUT = 30
+"""The control-plane case's readyTimeoutSeconds (its freeze must outlast it: ``FREEZE_SECONDS``)."""
+BYSTANDER_READY_TIMEOUT = 120
+"""Every other case's. They run beside the control-plane case, whose faults stall the whole
+cluster at once: kube-apiserver took up to 131 s to serve again after its restart on a loaded
+machine (``matrix.WAIT``), and neither the DaemonSet controller nor the operator acts
+meanwhile. A node of another case that is switching then waits out the stall, and with 30 s
+(a 60 s switch deadline: grace plus ready) is rolled back for what the control plane did,
+not for anything its own case injected. (CI's run of 893c477: label-set never reached
+its first bake; an earlier rerun of the round saw label-set rolled back so: its canary's old
+pod "has not gone 60s after the move started".) None of these cases tests a deadline;
+120 s (150 s to switch) outlasts the stall, and a healthy move takes seconds, so no case
+takes longer for it. The product's side of this (deadlines that pause while the operator
+cannot look) is an open question, written down in docs/reliability.md."""
 FREEZE_SECONDS = 65
 """Longer than every timeout the operator runs on: kopf's watch requests (the server ends them
 after 60s, ``settings.watching.server_timeout``), a moved node's readyTimeoutSeconds (30s
@@ -122,7 +135,7 @@ def case_prometheus(m: Matrix) -> Case:
     name = m.policies.create(
         proxy.namespace,
         stages=_bake(0, 30),
-        readyTimeoutSeconds=READY_TIMEOUT,
+        readyTimeoutSeconds=BYSTANDER_READY_TIMEOUT,
         analysis=_analysis(m.box),
     )
     m.until(
@@ -163,7 +176,9 @@ def case_image_finalize(m: Matrix) -> Case:
         "Completed, the person's image kept",
     )
     proxy, world = m.world(row.name, WORLD_NODES[row.name])
-    name = m.policies.create(proxy.namespace, stages=_bake(0, 8), readyTimeoutSeconds=READY_TIMEOUT)
+    name = m.policies.create(
+        proxy.namespace, stages=_bake(0, 8), readyTimeoutSeconds=BYSTANDER_READY_TIMEOUT
+    )
     where = m.analyzing(name, 0)
     bump_image(m.api, world, NEW_IMAGE)
     row.faults.append({"fault": f"image -> {NEW_IMAGE}", "phase": where["phase"], "stage": 0})
@@ -186,7 +201,7 @@ def case_image_rollback(m: Matrix) -> Case:
     proxy, world = m.world(row.name, WORLD_NODES[row.name])
     labels = labels_of(m.api, sorted(world.nodes))
     name = m.policies.create(
-        proxy.namespace, stages=_bake(1, 600), readyTimeoutSeconds=READY_TIMEOUT
+        proxy.namespace, stages=_bake(1, 600), readyTimeoutSeconds=BYSTANDER_READY_TIMEOUT
     )
     m.analyzing(name, 1)
     bump_image(m.api, world, NEW_IMAGE)
@@ -206,7 +221,7 @@ def case_label_removed(m: Matrix) -> Case:
     )
     proxy, world = m.world(row.name, WORLD_NODES[row.name])
     name = m.policies.create(
-        proxy.namespace, stages=_bake(1, 10), readyTimeoutSeconds=READY_TIMEOUT
+        proxy.namespace, stages=_bake(1, 10), readyTimeoutSeconds=BYSTANDER_READY_TIMEOUT
     )
     m.analyzing(name, 1)
     moved = sorted(n for n, v in node_modes(m.core).items() if n in world.nodes and v == "nftables")
@@ -222,7 +237,7 @@ def case_label_set(m: Matrix) -> Case:
     )
     proxy, world = m.world(row.name, WORLD_NODES[row.name])
     name = m.policies.create(
-        proxy.namespace, stages=_bake(0, 10), readyTimeoutSeconds=READY_TIMEOUT
+        proxy.namespace, stages=_bake(0, 10), readyTimeoutSeconds=BYSTANDER_READY_TIMEOUT
     )
     m.analyzing(name, 0)
     waiting = sorted(n for n, v in node_modes(m.core).items() if n in world.nodes and v is None)
@@ -241,7 +256,7 @@ def case_label_guarded(m: Matrix) -> Case:
     proxy, world = m.world(row.name, WORLD_NODES[row.name])
     with label_guard(m.box, sorted(world.nodes)):
         name = m.policies.create(
-            proxy.namespace, stages=_bake(1, 10), readyTimeoutSeconds=READY_TIMEOUT
+            proxy.namespace, stages=_bake(1, 10), readyTimeoutSeconds=BYSTANDER_READY_TIMEOUT
         )
         m.analyzing(name, 1)
         modes = {n: v for n, v in node_modes(m.core).items() if n in world.nodes}
@@ -264,7 +279,9 @@ def case_label_guarded(m: Matrix) -> Case:
 def case_node_deleted(m: Matrix) -> Case:
     row = m.row("node-deleted", "a node deleted while it switches", "Completed without the node")
     proxy, world = m.world(row.name, WORLD_NODES[row.name])
-    name = m.policies.create(proxy.namespace, stages=STAGES, readyTimeoutSeconds=READY_TIMEOUT)
+    name = m.policies.create(
+        proxy.namespace, stages=STAGES, readyTimeoutSeconds=BYSTANDER_READY_TIMEOUT
+    )
     general = {n for n in world.nodes if n.startswith("general-")}
     node = m.move_in_flight(name, general, set())
     where = m.at(name)
