@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
 
-from proxymode.kube.cache import Watched
+from proxymode.engine.observed import MODE_LABEL, NodeView
+from proxymode.kube.cache import ClusterCache, Watched
 from proxymode.kube.observe import node_view
 from proxymode_sandbox import Sandbox
 from tests.sandbox.harness import eventually, service_account_client
@@ -47,6 +50,60 @@ def test_nodes_are_listed_once_then_watched(core: client.CoreV1Api) -> None:
     finally:
         nodes.close()
         core.patch_node(name, {"metadata": {"labels": {"proxymode.test/watched": None}}})
+
+
+def test_own_label_writes_are_read_fresh_until_the_node_watch_has_them(
+    api: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    """A look right after the operator set a node's mode label must see it, even while the
+    node watch is behind (here: its events held back), and go back to the cache once the
+    watch has it; a write that was refused is read as the server has it."""
+    name = f"ryw-{uuid.uuid4().hex[:8]}"
+    # A bare node of its own, at ``switching``: no kube-proxy DaemonSet of another test
+    # places a pod on it, and no other test's node is relabelled.
+    core.create_node(
+        client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={MODE_LABEL: "switching"}))
+    )
+    cache = ClusterCache(api, lambda: None)
+
+    def view() -> NodeView | None:
+        return next((n for n in cache.nodes() if n.name == name), None)
+
+    try:
+        eventually(lambda: view() is not None, timeout=30, what="the new node in the cache")
+        watched = cache._nodes
+        assert watched is not None
+        eventually(lambda: watched.watches, timeout=30, what="the node watch to open")
+        held: list[Any] = []
+        deliver = watched._apply
+        watched._apply = held.append  # type: ignore[method-assign]
+        core.patch_node(name, {"metadata": {"labels": {MODE_LABEL: "nftables"}}})
+        cache.expect_modes({name: "nftables"})
+        assert (v := view()) is not None and v.mode_label == "nftables", "its own write, fresh"
+        assert (v := view()) is not None and v.mode_label == "nftables", "still behind: fresh"
+        assert cache.node_gets == 2
+        held_view = watched.item(name)
+        assert held_view is not None and held_view.mode_label == "switching", "cache behind"
+        eventually(
+            lambda: any((e.get("object") or {}).get("metadata", {}).get("name") == name
+                        for e in held),
+            timeout=30, what="the write's event to arrive",
+        )  # fmt: skip
+        watched._apply = deliver  # type: ignore[method-assign]
+        for event in held:
+            deliver(event)
+        for _ in range(5):
+            assert (v := view()) is not None and v.mode_label == "nftables"
+        assert cache.node_gets == 2, "the watch has it: back to the cache, no GET"
+        # A write whose test failed (the label was not what the engine saw): the expected
+        # value never comes; one GET says what the server has, then the cache again.
+        cache.expect_modes({name: "ipvs"})
+        assert (v := view()) is not None and v.mode_label == "nftables", "the server's word"
+        assert (v := view()) is not None and v.mode_label == "nftables"
+        assert cache.node_gets == 3
+    finally:
+        cache.close()
+        core.delete_node(name)
 
 
 def test_a_refused_watch_backs_off_instead_of_spinning(

@@ -8,6 +8,12 @@ or breaks lists again (``kube.watched``). Only the fields the engine needs are k
 (``NodeView``, a reduced pod, ``CleanupJobView``), so memory grows by a few hundred bytes
 per node.
 
+The node labels the operator writes are read back fresh: until the node watch shows the
+value written, a look reads that node with a GET (``expect_modes``), as ``kube.object_cache``
+does for DaemonSets and ConfigMaps. A look that saw a node's label from before its own
+write would wait on the wrong step (a forward move whose node it still saw at
+``switching`` takes the new kube-proxy for the old one that must go first).
+
 A change that the engine could act on (a node's labels or readiness, a pod's readiness,
 restarts or deletion, a Job's completion; not a node's heartbeat) calls ``on_change``,
 which wakes the daemons. Pods and Jobs are watched per namespace (the chart grants them
@@ -16,6 +22,7 @@ only in kube-proxy's namespaces), started the first time a policy there is obser
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -24,6 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from proxymode.engine.objects import job_node
 from proxymode.engine.observed import (
@@ -142,13 +150,60 @@ class ClusterCache:
         self._jobs: dict[str, Watched[JobRecord]] = {}
         self.objects = ObjectCache(api, on_change)
         """kube-proxy's DaemonSets and ConfigMaps (``kube.object_cache``)."""
+        self._expected: dict[str, str | None] = {}
+        """Nodes whose ``proxymode.io/mode`` the operator wrote, and the value it wrote."""
+        self.node_gets = 0
+        """GETs of nodes whose written label the watch did not show yet (benchmarks)."""
+
+    def expect_modes(self, modes: Mapping[str, str | None]) -> None:
+        """The operator wrote these nodes' ``proxymode.io/mode`` (or tried to): until the
+        node watch shows each value, ``nodes`` reads that node with a GET.
+
+        Called after the writes, not before: a GET in between would find the old value and
+        take the write as refused."""
+        with self._lock:
+            self._expected.update(modes)
 
     def nodes(self) -> list[NodeView]:
         with self._lock:
             if self._nodes is None:
                 self._nodes = Watched("nodes", self.core.list_node, self._node_view, self.on_change)
             watched = self._nodes
-        return watched.items()
+            expected = dict(self._expected)
+        views = watched.items()
+        if not expected:
+            return views
+        by_name = {v.name: v for v in views}
+        for name, value in expected.items():
+            held = by_name.get(name)
+            if held is not None and held.mode_label == value:
+                self._settle(name, value)  # the watch has the write: back to the cache
+                continue
+            fresh = self._read_node(name)
+            if fresh is None or fresh.mode_label != value:
+                # Refused (its test failed), changed again since, or the node is gone: the
+                # server's word, and nothing more to wait for.
+                self._settle(name, value)
+            if fresh is None:
+                by_name.pop(name, None)
+            else:
+                by_name[name] = fresh
+        return list(by_name.values())
+
+    def _settle(self, name: str, value: str | None) -> None:
+        with self._lock:
+            if name in self._expected and self._expected[name] == value:
+                del self._expected[name]
+
+    def _read_node(self, name: str) -> NodeView | None:
+        self.node_gets += 1
+        try:
+            response = self.core.read_node(name, _preload_content=False)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return self._node_view(json.loads(response.data))  # type: ignore[attr-defined]
 
     def pods(self, namespace: str) -> list[PodRecord]:
         with self._lock:
@@ -186,7 +241,7 @@ class ClusterCache:
     def requests(self) -> dict[str, int]:
         """Lists and watches opened so far, events received, and the GETs of unsettled
         objects (for benchmarks)."""
-        out = {"lists": 0, "watches": 0, "events": 0, "gets": self.objects.gets}
+        out = {"lists": 0, "watches": 0, "events": 0, "gets": self.objects.gets + self.node_gets}
         for w in self.all():
             out["lists"] += w.lists
             out["watches"] += w.watches

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from proxymode.api import models
 from proxymode.api.models import Analysis, Phase, ProxyModePolicy
 from proxymode.api.reasons import EventReason
-from proxymode.engine.actions import Action, EmitEvent
+from proxymode.engine.actions import Action, EmitEvent, SetNodeMode
 from proxymode.engine.machine import advance
 from proxymode.kube import object_cache, rounds, series
 from proxymode.kube.cache import ClusterCache
@@ -216,6 +216,10 @@ class Reconciler:
             # Again once the writes are in: a look in between may have found the cache
             # agreeing with the state before them.
             self._unsettle(touched)
+            if self.observer.cache is not None:
+                self.observer.cache.expect_modes(
+                    {a.node: a.value for a in actions if isinstance(a, SetNodeMode)}
+                )
         if done < len(actions):
             # Refused: what was decided on may itself have been a cache's stale copy.
             self._unsettle(object_cache.read_by(policy))

@@ -7,13 +7,14 @@ with finalize, and a rollback), every write must be among the policy's reads.
 
 from __future__ import annotations
 
+import contextlib
 from typing import cast
 
 import pytest
 from kubernetes import client
 
 from proxymode.api.models import Phase, ProxyModePolicy
-from proxymode.engine.actions import EmitEvent, PatchObject
+from proxymode.engine.actions import EmitEvent, PatchObject, SetNodeMode
 from proxymode.kube import reconcile
 from proxymode.kube.cache import ClusterCache
 from proxymode.kube.object_cache import CONFIG_MAP, DAEMON_SET, kept, read_by, written
@@ -79,6 +80,10 @@ class _Cache:
 
     def __init__(self) -> None:
         self.objects = _Objects()
+        self.expected: list[dict[str, str | None]] = []
+
+    def expect_modes(self, modes: dict[str, str | None]) -> None:
+        self.expected.append(dict(modes))
 
     def nodes(self) -> list[object]:
         return []
@@ -149,3 +154,33 @@ def test_writes_are_unsettled_before_and_after_and_a_conflict_unsettles_every_re
     with pytest.raises(RuntimeError):
         reconciler._act("p", {}, policy, actions)
     assert cache.objects.unsettled == [wrote, wrote], "after a failed batch too"
+
+
+def test_label_writes_are_expected_after_the_batch_whatever_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After (never before: a GET in between would find the old label and take the write
+    for refused) the batch, even a refused or failed one, every label it tried to write."""
+    policy = _progressing()
+    actions = [
+        SetNodeMode("n1", "switching", expect=None),
+        SetNodeMode("n2", None, expect="nftables"),
+        EmitEvent("Reason", "message"),
+    ]
+    cache = _Cache()
+    reconciler = Reconciler(client.ApiClient(), cache=cast(ClusterCache, cache))
+    seen_by_run: list[int] = []
+
+    class _Watching(_Executor):
+        def run(self, actions: list[object]) -> int:
+            seen_by_run.append(len(cache.expected))
+            return super().run(actions)
+
+    monkeypatch.setattr(reconcile, "Executor", _Watching)
+    for done in (3, 0, RuntimeError("the API server went away")):
+        cache.expected.clear()
+        _Executor.done = done
+        with contextlib.suppress(RuntimeError):
+            reconciler._act("p", {}, policy, actions)
+        assert cache.expected == [{"n1": "switching", "n2": None}], done
+    assert seen_by_run == [0, 0, 0], "nothing is expected before the writes are in"
