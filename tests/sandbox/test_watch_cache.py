@@ -57,7 +57,9 @@ def test_own_label_writes_are_read_fresh_until_the_node_watch_has_them(
 ) -> None:
     """A look right after the operator set a node's mode label must see it, even while the
     node watch is behind (here: its events held back), and go back to the cache once the
-    watch has it; a write that was refused is read as the server has it."""
+    watch holds the server's version. A label that went back to an earlier value must not
+    be taken as caught up by a watch that still has the first write to deliver; a failed
+    GET gives the held copy and keeps the node unsettled."""
     name = f"ryw-{uuid.uuid4().hex[:8]}"
     # A bare node of its own, at ``switching``: no kube-proxy DaemonSet of another test
     # places a pod on it, and no other test's node is relabelled.
@@ -66,41 +68,78 @@ def test_own_label_writes_are_read_fresh_until_the_node_watch_has_them(
     )
     cache = ClusterCache(api, lambda: None)
 
-    def view() -> NodeView | None:
-        return next((n for n in cache.nodes() if n.name == name), None)
+    def mode() -> str | None:
+        view = next((n for n in cache.nodes() if n.name == name), None)
+        assert view is not None
+        return view.mode_label
+
+    def label(value: str | None) -> str:
+        node = core.patch_node(name, {"metadata": {"labels": {MODE_LABEL: value}}})
+        return str(node.metadata.resource_version)
 
     try:
-        eventually(lambda: view() is not None, timeout=30, what="the new node in the cache")
+        eventually(lambda: any(n.name == name for n in cache.nodes()), timeout=30, what="the node")
         watched = cache._nodes
         assert watched is not None
         eventually(lambda: watched.watches, timeout=30, what="the node watch to open")
         held: list[Any] = []
         deliver = watched._apply
+
+        def arrived(version: str) -> bool:
+            return any(
+                (e.get("object") or {}).get("metadata", {}).get("resourceVersion") == version
+                for e in held
+            )
+
         watched._apply = held.append  # type: ignore[method-assign]
-        core.patch_node(name, {"metadata": {"labels": {MODE_LABEL: "nftables"}}})
-        cache.expect_modes({name: "nftables"})
-        assert (v := view()) is not None and v.mode_label == "nftables", "its own write, fresh"
-        assert (v := view()) is not None and v.mode_label == "nftables", "still behind: fresh"
+        written = label("nftables")
+        cache.unsettle_nodes([name])
+        assert mode() == "nftables", "its own write, fresh"
+        assert mode() == "nftables", "still behind: fresh"
         assert cache.node_gets == 2
         held_view = watched.item(name)
         assert held_view is not None and held_view.mode_label == "switching", "cache behind"
-        eventually(
-            lambda: any((e.get("object") or {}).get("metadata", {}).get("name") == name
-                        for e in held),
-            timeout=30, what="the write's event to arrive",
-        )  # fmt: skip
-        watched._apply = deliver  # type: ignore[method-assign]
+        eventually(lambda: arrived(written), timeout=30, what="the write's event")
         for event in held:
             deliver(event)
+        held.clear()
         for _ in range(5):
-            assert (v := view()) is not None and v.mode_label == "nftables"
-        assert cache.node_gets == 2, "the watch has it: back to the cache, no GET"
-        # A write whose test failed (the label was not what the engine saw): the expected
-        # value never comes; one GET says what the server has, then the cache again.
-        cache.expect_modes({name: "ipvs"})
-        assert (v := view()) is not None and v.mode_label == "nftables", "the server's word"
-        assert (v := view()) is not None and v.mode_label == "nftables"
-        assert cache.node_gets == 3
+            assert mode() == "nftables"
+        assert cache.node_gets == 3, "one GET finds the watch caught up; then the cache"
+
+        # Switching, then back to nftables (a quick rollback), while the watch is behind:
+        # its copy says nftables, the value written, and is still stale.
+        first, second = label("switching"), label("nftables")
+        cache.unsettle_nodes([name])
+        eventually(lambda: arrived(first) and arrived(second), timeout=30, what="both events")
+        assert mode() == "nftables"  # the cache agrees by value, and is still behind
+        while held:  # the watch up to the first write (the node controller may add more)
+            event = held.pop(0)
+            deliver(event)
+            if event["object"]["metadata"]["resourceVersion"] == first:
+                break
+        assert watched.item(name) is not None and watched.item(name).mode_label == "switching"
+        assert mode() == "nftables", "not settled by an earlier value"
+        # The server failing a GET: the held copy, and still unsettled.
+        read = cache._read_node
+
+        def refused(_: str) -> tuple[NodeView | None, str | None]:
+            raise client.ApiException(status=503, reason="Service Unavailable")
+
+        cache._read_node = refused  # type: ignore[method-assign]
+        assert mode() == "switching", "the held copy when the GET fails"
+        cache._read_node = read  # type: ignore[method-assign]
+        gets = cache.node_gets
+        for event in held:
+            deliver(event)
+        watched._apply = deliver  # type: ignore[method-assign]
+        for _ in range(5):
+            assert mode() == "nftables"
+        assert cache.node_gets == gets + 1, "caught up: one GET, then the cache"
+        # A batch refused before its write: the GET shows the version the watch has.
+        cache.unsettle_nodes([name])
+        assert mode() == "nftables" and mode() == "nftables"
+        assert cache.node_gets == gets + 2
     finally:
         cache.close()
         core.delete_node(name)

@@ -8,11 +8,14 @@ or breaks lists again (``kube.watched``). Only the fields the engine needs are k
 (``NodeView``, a reduced pod, ``CleanupJobView``), so memory grows by a few hundred bytes
 per node.
 
-The node labels the operator writes are read back fresh: until the node watch shows the
-value written, a look reads that node with a GET (``expect_modes``), as ``kube.object_cache``
-does for DaemonSets and ConfigMaps. A look that saw a node's label from before its own
-write would wait on the wrong step (a forward move whose node it still saw at
-``switching`` takes the new kube-proxy for the old one that must go first).
+The node labels the operator writes are read back fresh: a node it wrote (or tried to) is
+*unsettled*, and looks read it with a GET until the node watch holds the resourceVersion
+that GET shows (``unsettle_nodes``), as ``kube.object_cache`` does for DaemonSets and
+ConfigMaps. A look that saw a node's label from before its own write would wait on the
+wrong step (a forward move whose node it still saw at ``switching`` takes the new
+kube-proxy for the old one that must go first). Versions, not values, settle a node: a
+label that went back to an earlier value (switching, then rolled back) would match a
+watch still behind the first write.
 
 A change that the engine could act on (a node's labels or readiness, a pod's readiness,
 restarts or deletion, a Job's completion; not a node's heartbeat) calls ``on_change``,
@@ -25,7 +28,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -47,6 +51,8 @@ from proxymode.kube.watched import Watched
 
 log = logging.getLogger(__name__)
 MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+NODE_READERS = 8
+"""Unsettled nodes read side by side, as ``kube.execute.LABEL_WRITERS`` writes them."""
 
 
 @dataclass(frozen=True)
@@ -150,60 +156,87 @@ class ClusterCache:
         self._jobs: dict[str, Watched[JobRecord]] = {}
         self.objects = ObjectCache(api, on_change)
         """kube-proxy's DaemonSets and ConfigMaps (``kube.object_cache``)."""
-        self._expected: dict[str, str | None] = {}
-        """Nodes whose ``proxymode.io/mode`` the operator wrote, and the value it wrote."""
+        self._unsettled: dict[str, int] = {}
+        """Nodes whose ``proxymode.io/mode`` the operator wrote (or tried to), by mark."""
+        self._marks = 0
+        self._gets_lock = threading.Lock()
         self.node_gets = 0
-        """GETs of nodes whose written label the watch did not show yet (benchmarks)."""
+        """GETs of nodes written and not yet settled (benchmarks)."""
 
-    def expect_modes(self, modes: Mapping[str, str | None]) -> None:
-        """The operator wrote these nodes' ``proxymode.io/mode`` (or tried to): until the
-        node watch shows each value, ``nodes`` reads that node with a GET.
+    def unsettle_nodes(self, names: Iterable[str]) -> None:
+        """The operator wrote these nodes' mode label (or tried to): ``nodes`` reads each with
+        a GET until the node watch holds the version that GET shows.
 
-        Called after the writes, not before: a GET in between would find the old value and
-        take the write as refused."""
+        Called after the writes, not before: a GET in between would find the version
+        before the write and settle the node too early."""
         with self._lock:
-            self._expected.update(modes)
+            for name in names:
+                self._marks += 1
+                self._unsettled[name] = self._marks
 
     def nodes(self) -> list[NodeView]:
         with self._lock:
             if self._nodes is None:
                 self._nodes = Watched("nodes", self.core.list_node, self._node_view, self.on_change)
             watched = self._nodes
-            expected = dict(self._expected)
+            pending = dict(self._unsettled)
         views = watched.items()
-        if not expected:
+        if not pending:
             return views
         by_name = {v.name: v for v in views}
-        for name, value in expected.items():
-            held = by_name.get(name)
-            if held is not None and held.mode_label == value:
-                self._settle(name, value)  # the watch has the write: back to the cache
+        for name, mark, read in self._read_nodes(pending):
+            if isinstance(read, Exception):
+                # The held copy, and the node stays unsettled: one node's failed GET (the
+                # API server restarting) does not fail every policy's look.
+                log.info("could not read node %s again: %s", name, read)
                 continue
-            fresh = self._read_node(name)
-            if fresh is None or fresh.mode_label != value:
-                # Refused (its test failed), changed again since, or the node is gone: the
-                # server's word, and nothing more to wait for.
-                self._settle(name, value)
-            if fresh is None:
+            view, version = read
+            if version == watched.version(name):
+                # The watch holds what the server has (both absent, or the same version):
+                # back to the cache, unless another write came after this GET was sent.
+                with self._lock:
+                    if self._unsettled.get(name) == mark:
+                        del self._unsettled[name]
+            if view is None:
                 by_name.pop(name, None)
             else:
-                by_name[name] = fresh
+                by_name[name] = view
         return list(by_name.values())
 
-    def _settle(self, name: str, value: str | None) -> None:
-        with self._lock:
-            if name in self._expected and self._expected[name] == value:
-                del self._expected[name]
+    def _read_nodes(
+        self, pending: Mapping[str, int]
+    ) -> list[tuple[str, int, tuple[NodeView | None, str | None] | Exception]]:
+        """GET each node, ``NODE_READERS`` at a time: a batch writes up to a tenth of a big
+        cluster's nodes, and one after another they would add a round trip each to a look."""
 
-    def _read_node(self, name: str) -> NodeView | None:
-        self.node_gets += 1
+        def read(name: str) -> tuple[NodeView | None, str | None] | Exception:
+            try:
+                return self._read_node(name)
+            except Exception as e:  # judged by the caller, per node
+                return e
+
+        names = list(pending)
+        if len(names) == 1:
+            results = [read(names[0])]
+        else:
+            with ThreadPoolExecutor(
+                max_workers=min(NODE_READERS, len(names)), thread_name_prefix="node-reads"
+            ) as pool:
+                results = list(pool.map(read, names))
+        return [(n, pending[n], r) for n, r in zip(names, results, strict=True)]
+
+    def _read_node(self, name: str) -> tuple[NodeView | None, str | None]:
+        """The node as the server has it, and its resourceVersion; (None, None) if absent."""
+        with self._gets_lock:
+            self.node_gets += 1
         try:
             response = self.core.read_node(name, _preload_content=False)
         except ApiException as e:
             if e.status == 404:
-                return None
+                return None, None
             raise
-        return self._node_view(json.loads(response.data))  # type: ignore[attr-defined]
+        node = json.loads(response.data)  # type: ignore[attr-defined]
+        return self._node_view(node), str(node["metadata"].get("resourceVersion"))
 
     def pods(self, namespace: str) -> list[PodRecord]:
         with self._lock:

@@ -217,8 +217,8 @@ class Reconciler:
             # agreeing with the state before them.
             self._unsettle(touched)
             if self.observer.cache is not None:
-                self.observer.cache.expect_modes(
-                    {a.node: a.value for a in actions if isinstance(a, SetNodeMode)}
+                self.observer.cache.unsettle_nodes(
+                    a.node for a in actions if isinstance(a, SetNodeMode)
                 )
         if done < len(actions):
             # Refused: what was decided on may itself have been a cache's stale copy.

@@ -60,6 +60,8 @@ class Watched(Generic[T]):
         self._on_change = on_change
         self._lock = threading.Lock()
         self._items: dict[str, T] = {}
+        self._versions: dict[str, str] = {}
+        """Each item's resourceVersion: a caller can tell whether it holds what a GET saw."""
         self._version = ""
         self._closed = threading.Event()
         self._response: Any = None
@@ -83,6 +85,11 @@ class Watched(Generic[T]):
         with self._lock:
             return self._items.get(name)
 
+    def version(self, name: str) -> str | None:
+        """The resourceVersion of ``name``'s item as kept, None if none is kept."""
+        with self._lock:
+            return self._versions.get(name)
+
     def replace_if(self, name: str, keep: Callable[[T | None], bool], value: T) -> bool:
         """Put ``value`` in place of ``name``'s item if ``keep`` accepts the current one
         (under the lock, so no watch event slips in between)."""
@@ -96,11 +103,13 @@ class Watched(Generic[T]):
         response = self._call(*self._args, _preload_content=False, **self._kwargs)
         data = json.loads(response.data)
         self.lists += 1
-        fresh = {i["metadata"]["name"]: self._reduce(i) for i in data.get("items") or []}
+        items = data.get("items") or []
+        fresh = {i["metadata"]["name"]: self._reduce(i) for i in items}
+        versions = {i["metadata"]["name"]: str(i["metadata"].get("resourceVersion")) for i in items}
         with self._lock:
             before = self._items
             changed = [n for n in fresh.keys() | before.keys() if fresh.get(n) != before.get(n)]
-            self._items = fresh
+            self._items, self._versions = fresh, versions
             self._version = (data.get("metadata") or {}).get("resourceVersion", "")
         self._current = True
         if self.lists > 1 and any(self._wakes is None or self._wakes(n) for n in changed):
@@ -195,10 +204,12 @@ class Watched(Generic[T]):
             before = self._items.get(name)
             if kind == "DELETED":
                 self._items.pop(name, None)
+                self._versions.pop(name, None)
                 changed = before is not None
             else:
                 after = self._reduce(obj)
                 self._items[name] = after
+                self._versions[name] = str(meta.get("resourceVersion"))
                 changed = after != before
         if changed and (self._wakes is None or self._wakes(name)):
             self._on_change()
