@@ -59,7 +59,7 @@ def test_own_label_writes_are_read_fresh_until_the_node_watch_has_them(
     node watch is behind (here: its events held back), and go back to the cache once the
     watch holds the server's version. A label that went back to an earlier value must not
     be taken as caught up by a watch that still has the first write to deliver; a failed
-    GET gives the held copy and keeps the node unsettled."""
+    GET is tried once more, then fails the look rather than give the held copy."""
     name = f"ryw-{uuid.uuid4().hex[:8]}"
     # A bare node of its own, at ``switching``: no kube-proxy DaemonSet of another test
     # places a pod on it, and no other test's node is relabelled.
@@ -120,14 +120,21 @@ def test_own_label_writes_are_read_fresh_until_the_node_watch_has_them(
                 break
         assert watched.item(name) is not None and watched.item(name).mode_label == "switching"
         assert mode() == "nftables", "not settled by an earlier value"
-        # The server failing a GET: the held copy, and still unsettled.
+        # The server failing a GET once: tried again. Failing twice: the look fails rather
+        # than see the held (stale) copy, and the node stays unsettled.
         read = cache._read_node
+        failures = [client.ApiException(status=503, reason="Service Unavailable")]
 
-        def refused(_: str) -> tuple[NodeView | None, str | None]:
-            raise client.ApiException(status=503, reason="Service Unavailable")
+        def flaky(node: str) -> tuple[NodeView | None, str | None]:
+            if failures:
+                raise failures.pop()
+            return read(node)
 
-        cache._read_node = refused  # type: ignore[method-assign]
-        assert mode() == "switching", "the held copy when the GET fails"
+        cache._read_node = flaky  # type: ignore[method-assign]
+        assert mode() == "nftables", "a second GET after a failed one"
+        failures[:] = [client.ApiException(status=503, reason="Service Unavailable")] * 2
+        with pytest.raises(client.ApiException):
+            mode()
         cache._read_node = read  # type: ignore[method-assign]
         gets = cache.node_gets
         for event in held:

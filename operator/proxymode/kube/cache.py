@@ -184,12 +184,14 @@ class ClusterCache:
         if not pending:
             return views
         by_name = {v.name: v for v in views}
-        for name, mark, read in self._read_nodes(pending):
-            if isinstance(read, Exception):
-                # The held copy, and the node stays unsettled: one node's failed GET (the
-                # API server restarting) does not fail every policy's look.
-                log.info("could not read node %s again: %s", name, read)
-                continue
+        for name, mark, answer in self._read_nodes(pending):
+            if not isinstance(answer, Exception):
+                read = answer
+            else:
+                # Once more; then the look fails (and is tried again) rather than hand on
+                # the held copy, which is the state before the write (as ``object_cache``).
+                log.warning("could not read node %s again, retrying: %s", name, answer)
+                read = self._read_node(name)
             view, version = read
             if version == watched.version(name):
                 # The watch holds what the server has (both absent, or the same version):

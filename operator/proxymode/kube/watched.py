@@ -92,7 +92,8 @@ class Watched(Generic[T]):
 
     def replace_if(self, name: str, keep: Callable[[T | None], bool], value: T) -> bool:
         """Put ``value`` in place of ``name``'s item if ``keep`` accepts the current one
-        (under the lock, so no watch event slips in between)."""
+        (under the lock, so no watch event slips in between). The kept resourceVersion
+        stays: ``value`` must be of the same version (``keep`` checks it)."""
         with self._lock:
             if not keep(self._items.get(name)):
                 return False
