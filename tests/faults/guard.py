@@ -17,13 +17,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from proxymode.engine.observed import MODE_LABEL
 from proxymode_sandbox import Sandbox
 from proxymode_sandbox.binaries import binary_dir
 from tests.chart.conftest import by_kind, render, run
+from tests.faults.patient import patient_client
 from tests.sandbox.harness import eventually
 
 OPERATOR_USER = "kubernetes-admin"
@@ -32,7 +33,7 @@ OPERATOR_USER = "kubernetes-admin"
 
 def person(box: Sandbox) -> client.CoreV1Api:
     """A person with every RBAC right who is not the operator."""
-    api = config.new_client_from_config(config_file=str(box.kubeconfig))  # type: ignore[no-untyped-call]
+    api = patient_client(box.kubeconfig)  # the round restarts kube-apiserver beside it
     api.set_default_header("Impersonate-User", "jane")
     api.set_default_header("Impersonate-Group", "system:masters")
     return client.CoreV1Api(api)
