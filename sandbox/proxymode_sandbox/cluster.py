@@ -52,6 +52,9 @@ OPERATOR_JOB = "proxymode-operator"
 # reachable, never leave the host.
 DEFAULT_STATE_DIR = Path(".sandbox")
 CRD = Path(__file__).resolve().parents[2] / "crds" / "proxymode.io_proxymodepolicies.yaml"
+KWOK_MISSED_POD_SECONDS = 45.0
+"""A kube-proxy pod bound to a kwok node and still Pending this long at ``up`` was missed by
+kwok (its log never names the pod); it is deleted once, so the DaemonSet makes another."""
 
 
 class SandboxError(RuntimeError):
@@ -725,7 +728,41 @@ class Sandbox:
         self._wait("nodes to be Ready", check)
 
     def wait_kube_proxy_ready(self) -> None:
-        """Wait until the kube-proxy DaemonSet has a Ready pod on every node."""
+        """Wait until the kube-proxy DaemonSet has a Ready pod on every node.
+
+        kwok (v0.8.0) sometimes never sees one pod bound to one of its nodes at start-up
+        (the pod stays Pending with only PodScheduled; kwok's log never names it), and the
+        sandbox's ``up`` timed out at 24 of 25 (decision 0040). Such a pod is deleted once
+        after ``KWOK_MISSED_POD_SECONDS``: the DaemonSet makes another, which kwok sees."""
+        pending_since: dict[str, float] = {}
+        replaced: set[str] = set()
+        real = set(self.real_node_names())
+
+        def replace_missed() -> None:
+            now = time.monotonic()
+            pods = self.get_json("pods", namespace=kubeadm_proxy.NAMESPACE)["items"]
+            for p in pods:
+                name, node = p["metadata"]["name"], (p.get("spec") or {}).get("nodeName")
+                owned = any(
+                    r.get("kind") == "DaemonSet" and r.get("name") == kubeadm_proxy.NAME
+                    for r in p["metadata"].get("ownerReferences") or []
+                )
+                pending = (p.get("status") or {}).get("phase") == "Pending"
+                if not owned or not node or node in real or not pending:
+                    pending_since.pop(name, None)
+                    continue
+                first = pending_since.setdefault(name, now)
+                if now - first >= KWOK_MISSED_POD_SECONDS and name not in replaced:
+                    replaced.add(name)
+                    print(
+                        f"sandbox: kube-proxy pod {name} on kwok node {node} Pending for"
+                        f" {now - first:.0f}s (missed by kwok): deleting it once",
+                        file=sys.stderr,
+                    )
+                    self.kubectl(
+                        "delete", "pod", name, "-n", kubeadm_proxy.NAMESPACE, "--wait=false",
+                        check=False,
+                    )  # fmt: skip
 
         def check() -> str | None:
             ds = self.get_json("daemonset", kubeadm_proxy.NAME, namespace=kubeadm_proxy.NAMESPACE)
@@ -734,7 +771,10 @@ class Sandbox:
             if st.get("observedGeneration") != ds["metadata"]["generation"]:
                 return "DaemonSet status not observed yet"
             got = (st.get("desiredNumberScheduled"), st.get("numberReady"))
-            return None if got == (want, want) else f"desired/ready {got}, want {want}"
+            if got == (want, want):
+                return None
+            replace_missed()
+            return f"desired/ready {got}, want {want}"
 
         def explain() -> str:
             """Which nodes lack a Ready kube-proxy pod, and what their pods show (a setup
