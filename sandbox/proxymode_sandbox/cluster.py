@@ -57,6 +57,14 @@ KWOK_MISSED_POD_SECONDS = 45.0
 kwok (its log never names the pod); it is deleted once, so the DaemonSet makes another."""
 
 
+def _kube_proxy_pod(pod: dict[str, Any]) -> bool:
+    """A pod of the sandbox's kubeadm kube-proxy DaemonSet."""
+    return any(
+        r.get("kind") == "DaemonSet" and r.get("name") == kubeadm_proxy.NAME
+        for r in pod["metadata"].get("ownerReferences") or []
+    )
+
+
 class SandboxError(RuntimeError):
     """The sandbox could not be brought up or used; the message says which part failed and why."""
 
@@ -743,10 +751,7 @@ class Sandbox:
             pods = self.get_json("pods", namespace=kubeadm_proxy.NAMESPACE)["items"]
             for p in pods:
                 name, node = p["metadata"]["name"], (p.get("spec") or {}).get("nodeName")
-                owned = any(
-                    r.get("kind") == "DaemonSet" and r.get("name") == kubeadm_proxy.NAME
-                    for r in p["metadata"].get("ownerReferences") or []
-                )
+                owned = _kube_proxy_pod(p)
                 pending = (p.get("status") or {}).get("phase") == "Pending"
                 if not owned or not node or node in real or not pending:
                     pending_since.pop(name, None)
@@ -780,14 +785,7 @@ class Sandbox:
             """Which nodes lack a Ready kube-proxy pod, and what their pods show (a setup
             once timed out at 24 of 25 with nothing more said)."""
             pods = self.get_json("pods", namespace=kubeadm_proxy.NAMESPACE)["items"]
-            mine = [
-                p
-                for p in pods
-                if any(
-                    r.get("kind") == "DaemonSet" and r.get("name") == kubeadm_proxy.NAME
-                    for r in p["metadata"].get("ownerReferences") or []
-                )
-            ]
+            mine = [p for p in pods if _kube_proxy_pod(p)]
             ready = {
                 (p.get("spec") or {}).get("nodeName")
                 for p in mine

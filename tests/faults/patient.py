@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from kubernetes import client, config
 from urllib3.util.retry import Retry
 
@@ -10,7 +12,7 @@ PATIENT_CONNECTS = 40
 4 s: about 2.5 minutes, more than the longest restart seen in CI (decision 0100)."""
 
 
-def patient_client(kubeconfig: object) -> client.ApiClient:
+def patient_client(kubeconfig: str | os.PathLike[str]) -> client.ApiClient:
     """A client whose requests wait out a kube-apiserver restart instead of failing.
 
     The matrix restarts kube-apiserver beside the other cases of its round, and a case's

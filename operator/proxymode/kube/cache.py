@@ -159,7 +159,6 @@ class ClusterCache:
         self._unsettled: dict[str, int] = {}
         """Nodes whose ``proxymode.io/mode`` the operator wrote (or tried to), by mark."""
         self._marks = 0
-        self._gets_lock = threading.Lock()
         self.node_gets = 0
         """GETs of nodes written and not yet settled (benchmarks)."""
 
@@ -229,7 +228,7 @@ class ClusterCache:
 
     def _read_node(self, name: str) -> tuple[NodeView | None, str | None]:
         """The node as the server has it, and its resourceVersion; (None, None) if absent."""
-        with self._gets_lock:
+        with self._lock:
             self.node_gets += 1
         try:
             response = self.core.read_node(name, _preload_content=False)

@@ -81,10 +81,10 @@ class _Cache:
 
     def __init__(self) -> None:
         self.objects = _Objects()
-        self.expected: list[list[str]] = []
+        self.unsettled_nodes: list[list[str]] = []
 
     def unsettle_nodes(self, names: Iterable[str]) -> None:
-        self.expected.append(list(names))
+        self.unsettled_nodes.append(list(names))
 
     def nodes(self) -> list[object]:
         return []
@@ -174,14 +174,14 @@ def test_label_writes_are_unsettled_after_the_batch_whatever_its_end(
 
     class _Watching(_Executor):
         def run(self, actions: list[object]) -> int:
-            seen_by_run.append(len(cache.expected))
+            seen_by_run.append(len(cache.unsettled_nodes))
             return super().run(actions)
 
     monkeypatch.setattr(reconcile, "Executor", _Watching)
     for done in (3, 0, RuntimeError("the API server went away")):
-        cache.expected.clear()
+        cache.unsettled_nodes.clear()
         _Executor.done = done
         with contextlib.suppress(RuntimeError):
             reconciler._act("p", {}, policy, actions)
-        assert cache.expected == [["n1", "n2"]], done
+        assert cache.unsettled_nodes == [["n1", "n2"]], done
     assert seen_by_run == [0, 0, 0], "nothing is expected before the writes are in"
