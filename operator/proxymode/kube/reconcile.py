@@ -23,8 +23,10 @@ from pydantic import ValidationError
 from proxymode.api import models
 from proxymode.api.models import Analysis, Phase, ProxyModePolicy
 from proxymode.api.reasons import EventReason
-from proxymode.engine.actions import Action, EmitEvent, SetNodeMode
+from proxymode.engine.actions import Action, Decision, EmitEvent, SetNodeMode
 from proxymode.engine.machine import advance
+from proxymode.engine.observed import Observed
+from proxymode.engine.second_look import needs_second_look
 from proxymode.kube import object_cache, rounds, series
 from proxymode.kube.cache import ClusterCache
 from proxymode.kube.execute import Executor
@@ -73,6 +75,11 @@ class Reconciler:
         self.status_patches = 0
         self.status_unchanged = 0
         """Status patches sent, and those skipped because nothing changed (benchmarks)."""
+        self.fresh = Observer(api) if cache is not None else None
+        """Reads the server itself, for a decision that must not rest on a cache's copy."""
+        self.second_looks = 0
+        self.withdrawn = 0
+        """Decisions read again from the server, and those the second read did not bear out."""
 
     def lock(self, name: str) -> threading.Lock:
         """The lock every look at ``name`` holds."""
@@ -177,6 +184,7 @@ class Reconciler:
             observed = replace(observed, analysis=measured)
         clock.done("measure")
         decision = advance(policy, observed)
+        decision = self._second_look(name, policy, observed, decision, deleting=deleting)
         clock.done("decide")
         done = self._act(name, body, policy, decision.actions)
         clock.done("act")
@@ -202,6 +210,44 @@ class Reconciler:
             release_finalizer=decision.release_finalizer,
             phase=str(decision.status.phase),
         )
+
+    def _second_look(
+        self,
+        name: str,
+        policy: ProxyModePolicy,
+        observed: Observed,
+        decision: Decision,
+        *,
+        deleting: bool,
+    ) -> Decision:
+        """The decision again, on a read of the server, when it would roll back, pause or
+        fail for what a cache showed (``engine.second_look``); the second one is acted on.
+
+        The analysis round and the series already taken are kept: they were read fresh, and
+        a round measured twice would count twice."""
+        if self.fresh is None or not needs_second_look(policy.status, decision.status):
+            return decision
+        self.second_looks += 1
+        fresh = self.fresh.observe(policy, deleting=deleting, now=datetime.now(UTC))
+        fresh = replace(fresh, analysis=observed.analysis, series=observed.series)
+        again = advance(policy, fresh)
+        if needs_second_look(policy.status, again.status):
+            log.info(
+                "policy %s: read again from the server before acting: %s",
+                name,
+                again.status.rollback_message or again.status.message,
+            )
+            return again
+        self.withdrawn += 1
+        log.warning(
+            "policy %s: the cache's copy would have moved it to %s (%s); the server's does"
+            " not bear that out, so it goes on as %s",
+            name,
+            decision.status.phase,
+            decision.status.rollback_message or decision.status.message,
+            again.status.phase,
+        )
+        return again
 
     def _act(
         self, name: str, body: dict[str, Any], policy: ProxyModePolicy, actions: Sequence[Action]
