@@ -27,7 +27,7 @@ from pathlib import Path
 
 DURATIONS = Path(__file__).resolve().parent / "durations.json"
 """Measured seconds per test id (setup + call + teardown), from a whole ``make test`` run (its
-4 workers share 2 cores, so these are the times the order is for; ``PROXYMODE_WRITE_DURATIONS=1``
+5 workers share 2 cores, so these are the times the order is for; ``PROXYMODE_WRITE_DURATIONS=1``
 writes them). Only their proportions matter: they order the units, longest first."""
 
 SHORT_SECONDS = 2.0
