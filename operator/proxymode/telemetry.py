@@ -246,6 +246,15 @@ class Telemetry:
             "Looks that raised (the daemon logs them and looks again).",
             registry=self.registry,
         )
+        self.second_looks = Counter(
+            "proxymode_second_looks",
+            "Rollbacks, pauses and failures decided on a cache's copy and read again from the"
+            " API server before acting, by outcome: confirmed (the server's copy bore the"
+            " verdict out), withdrawn (it did not: the look went on as the server showed) or"
+            " unread (the read failed: nothing was acted on, the look comes again soon).",
+            ["outcome"],
+            registry=self.registry,
+        )
 
     def looked(
         self,

@@ -21,20 +21,25 @@ import pytest
 from kubernetes import client
 
 from proxymode.api import models
-from proxymode.engine.observed import MODE_LABEL
+from proxymode.engine.objects import job_node
+from proxymode.engine.observed import MODE_LABEL, POLICY_LABEL
 from proxymode.kube.cache import ClusterCache
+from proxymode.kube.observe import Observer
 from proxymode.kube.reconcile import Reconciler
 from proxymode_sandbox import Sandbox
-from tests.sandbox.harness import STAGES, KubeProxy, Policies, eventually
+from tests.sandbox.harness import PATIENCE, STAGES, KubeProxy, Policies, eventually
 
 pytestmark = pytest.mark.sandbox
 G, V, P = models.GROUP, models.VERSION, models.PLURAL
 
 
 @pytest.fixture
-def frozen(operator: Sandbox) -> Iterator[None]:
+def frozen(operator: Sandbox, policies: Policies) -> Iterator[None]:
     """The session's operator stopped (SIGSTOP) for the test: two reconcilers acting on one
-    policy would be a different test. It runs again afterwards, watches and all."""
+    policy would be a different test. It runs again afterwards, watches and all, and before
+    ``policies`` deletes what is left (this fixture depends on it, so it is torn down
+    first): a policy the test could not walk back is then rolled back by the operator, not
+    deleted finalizer-less with its nodes still labelled."""
     operator.freeze_operator()
     try:
         yield
@@ -45,6 +50,21 @@ def frozen(operator: Sandbox) -> Iterator[None]:
 def _pods_on(core: client.CoreV1Api, namespace: str, node: str) -> list[str]:
     pods = core.list_namespaced_pod(namespace, field_selector=f"spec.nodeName={node}").items
     return [p.metadata.name for p in pods]
+
+
+def _unreachable() -> client.ApiClient:
+    """A client for a port nothing listens on (loopback): every request is refused."""
+    config = client.Configuration()
+    config.host = "http://127.0.0.1:9"
+    config.retries = False
+    return client.ApiClient(config)
+
+
+def _second_looks(reconciler: Reconciler, outcome: str) -> float:
+    value = reconciler.telemetry.registry.get_sample_value(
+        "proxymode_second_looks_total", {"outcome": outcome}
+    )
+    return value or 0.0
 
 
 @pytest.mark.usefixtures("frozen")
@@ -60,7 +80,6 @@ def test_a_stuck_switching_seen_only_in_the_cache_is_not_rolled_back(
         cache.pods(ns)  # the pod watch, listed now, then held back from its first event on
         watched = cache._pods[ns]
         eventually(lambda: watched.watches, timeout=30, what="the pod watch to open")
-        deliver = watched._apply
         watched._apply = held.append  # type: ignore[method-assign]
 
         def move() -> dict[str, Any] | None:
@@ -81,33 +100,54 @@ def test_a_stuck_switching_seen_only_in_the_cache_is_not_rolled_back(
         client.CustomObjectsApi(api).patch_cluster_custom_object_status(
             G, V, P, name, {"status": {"moves": [{**started, "since": since}]}}
         )
+        # First with the server out of reach for the second read: nothing is acted on, and
+        # the status says why.
+        server = reconciler.fresh
+        reconciler.fresh = Observer(_unreachable())
+        reconciler.once(name)
+        st = policies.status(name)
+        assert st.get("phase") == "Progressing", (st.get("phase"), st.get("message"))
+        assert str(st.get("message")).startswith("could not confirm from the API server"), st
+        assert "stuck switching" in str(st.get("message")), st.get("message")
+        assert core.read_node(node).metadata.labels.get(MODE_LABEL) == "switching"
+        assert _second_looks(reconciler, "unread") == 1
+        reconciler.fresh = server
+
         reconciler.once(name)
         st = policies.status(name)
         assert st.get("phase") in ("Progressing", "Analyzing"), (st.get("phase"), st.get("message"))
         assert st.get("rollbackReason") is None, st.get("rollbackMessage")
-        assert (reconciler.second_looks, reconciler.withdrawn) == (1, 1), (
+        assert (reconciler.second_looks, reconciler.withdrawn) == (2, 1), (
             "the cache's copy called for a rollback, and the server's did not bear it out"
         )
+        assert _second_looks(reconciler, "withdrawn") == 1
+        assert _second_looks(reconciler, "confirmed") == 0
         # The move went on from what the server showed: the node on to nftables (or its
         # cleanup Job made), not back.
         label = core.read_node(node).metadata.labels.get(MODE_LABEL)
-        jobs = client.BatchV1Api(api).list_namespaced_job(ns).items
-        assert label == "nftables" or jobs, (label, [j.metadata.name for j in jobs])
+        jobs = (
+            client.BatchV1Api(api)
+            .list_namespaced_job(ns, label_selector=f"{POLICY_LABEL}={name}")
+            .items
+        )
+        mine = [j.metadata.name for j in jobs if job_node(j.metadata.to_dict()) == node]
+        assert label == "nftables" or mine, (label, [j.metadata.name for j in jobs])
     finally:
-        if held:
-            watched._apply = deliver  # type: ignore[method-assign]
-            for event in held:
-                deliver(event)
-        # Walk the nodes back while the operator is still frozen (it never saw this
-        # policy, so it holds no finalizer on it), then let the policy go.
+        # Walk the nodes back with a reconciler that reads the server itself (the held-back
+        # cache is behind by design), while the session's operator is still frozen: it never
+        # saw this policy, so it holds no finalizer on it. Then let the policy go. Should
+        # the walk back fail, ``frozen`` wakes the operator before ``policies`` deletes the
+        # policy, and the operator rolls it back.
+        reconciler.close()
+        cache.close()
+        walker = Reconciler(api)
         try:
             eventually(
-                lambda: reconciler.once(name, deleting=True).release_finalizer,
-                timeout=120,
+                lambda: walker.once(name, deleting=True).release_finalizer,
+                timeout=120 * PATIENCE,
                 interval=0.5,
                 what="the walk back",
             )
             client.CustomObjectsApi(api).delete_cluster_custom_object(G, V, P, name)
         finally:
-            reconciler.close()
-            cache.close()
+            walker.close()

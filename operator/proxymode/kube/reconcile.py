@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
+from urllib3.exceptions import HTTPError
 
 from proxymode.api import models
 from proxymode.api.models import Analysis, Phase, ProxyModePolicy
@@ -34,6 +35,9 @@ from proxymode.kube.observe import Observer
 from proxymode.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+
+UNREAD_RETRY_SECONDS = 5.0
+"""How soon a look whose second read failed comes again (nothing was acted on)."""
 PROMETHEUS_CLIENT_SECONDS = 300.0
 """How long a Prometheus client (its Secrets, its CA file) is kept before it is made again,
 so a rotated credential is picked up without a read of the Secrets every round."""
@@ -80,6 +84,7 @@ class Reconciler:
         self.second_looks = 0
         self.withdrawn = 0
         """Decisions read again from the server, and those the second read did not bear out."""
+        self._counts = threading.Lock()
 
     def lock(self, name: str) -> threading.Lock:
         """The lock every look at ``name`` holds."""
@@ -184,7 +189,7 @@ class Reconciler:
             observed = replace(observed, analysis=measured)
         clock.done("measure")
         decision = advance(policy, observed)
-        decision = self._second_look(name, policy, observed, decision, deleting=deleting)
+        decision, observed = self._second_look(name, policy, observed, decision, deleting=deleting)
         clock.done("decide")
         done = self._act(name, body, policy, decision.actions)
         clock.done("act")
@@ -219,26 +224,43 @@ class Reconciler:
         decision: Decision,
         *,
         deleting: bool,
-    ) -> Decision:
+    ) -> tuple[Decision, Observed]:
         """The decision again, on a read of the server, when it would roll back, pause or
-        fail for what a cache showed (``engine.second_look``); the second one is acted on.
+        fail for what a cache showed (``engine.second_look``); the second one is acted on,
+        and what it was decided from is what the look records.
 
         The analysis round and the series already taken are kept: they were read fresh, and
-        a round measured twice would count twice."""
-        if self.fresh is None or not needs_second_look(policy.status, decision.status):
-            return decision
-        self.second_looks += 1
-        fresh = self.fresh.observe(policy, deleting=deleting, now=datetime.now(UTC))
+        a round measured twice would count twice. When the server cannot be read, nothing
+        is acted on: the status says why and the policy is looked at again in a moment."""
+        if self.fresh is None or not needs_second_look(policy.status, decision):
+            return decision, observed
+        with self._counts:
+            self.second_looks += 1
+        try:
+            fresh = self.fresh.observe(policy, deleting=deleting, now=datetime.now(UTC))
+        except (ApiException, HTTPError) as e:
+            self.telemetry.second_looks.labels("unread").inc()
+            detail = _forbidden(e) if isinstance(e, ApiException) else str(e)
+            message = (
+                f"could not confirm from the API server before acting ({detail}); would have:"
+                f" {decision.status.rollback_message or decision.status.message}"
+            )
+            log.warning("policy %s: %s", name, message)
+            held = policy.status.model_copy(update={"message": message})
+            return Decision(status=held, requeue_seconds=UNREAD_RETRY_SECONDS), observed
         fresh = replace(fresh, analysis=observed.analysis, series=observed.series)
         again = advance(policy, fresh)
-        if needs_second_look(policy.status, again.status):
+        if needs_second_look(policy.status, again):
+            self.telemetry.second_looks.labels("confirmed").inc()
             log.info(
                 "policy %s: read again from the server before acting: %s",
                 name,
                 again.status.rollback_message or again.status.message,
             )
-            return again
-        self.withdrawn += 1
+            return again, fresh
+        with self._counts:
+            self.withdrawn += 1
+        self.telemetry.second_looks.labels("withdrawn").inc()
         log.warning(
             "policy %s: the cache's copy would have moved it to %s (%s); the server's does"
             " not bear that out, so it goes on as %s",
@@ -247,7 +269,7 @@ class Reconciler:
             decision.status.rollback_message or decision.status.message,
             again.status.phase,
         )
-        return again
+        return again, fresh
 
     def _act(
         self, name: str, body: dict[str, Any], policy: ProxyModePolicy, actions: Sequence[Action]
@@ -335,7 +357,7 @@ def _merged(current: Any, patch: Any) -> Any:
 
 
 def _forbidden(error: ApiException) -> str:
-    """The API server's own sentence for a 403 (it names the verb, resource and namespace)."""
+    """The API server's own sentence for a refusal (a 403 names verb, resource, namespace)."""
     try:
         body = json.loads(error.body or "{}")
     except ValueError:
