@@ -255,6 +255,8 @@ class Telemetry:
             ["outcome"],
             registry=self.registry,
         )
+        for outcome in ("confirmed", "withdrawn", "unread"):
+            self.second_looks.labels(outcome)  # zeros from the start, for rate() and alerts
 
     def looked(
         self,

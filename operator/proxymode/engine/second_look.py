@@ -16,12 +16,17 @@ is decided once more on a read of the server itself, and only that second decisi
 on. The rule looks at what this look did, not at the phase it ends in: the history entries
 it appended (a ``retry`` from Failed that fails again, a ``resume`` that pauses again for the
 same reason, both end where they began, and both are new verdicts), and a release of the
-finalizer that strips node labels (deleting a policy whose source a cache shows gone).
+finalizer. Two choices a person started are read again too, because how the engine carries
+them out rests on what it observed: a ``retry`` (roll back first, or start over and delete
+the old run's snapshot, is decided on whether the cluster still holds that run's changes),
+and the deletion's release of the finalizer (at once, or after a rollback, is decided on
+whether the source, the snapshot and the labels are there) unless the stored status already
+says nothing is left to undo (finalized, or RolledBack).
 
 Not read again:
 
-- what a person asked for (abort, retry, ``spec.paused``, a plan change, the deletion): a
-  second read could not change it;
+- what a person asked for, where its effect does not rest on the observed cluster (abort,
+  ``spec.paused``, a plan change, a resume that goes on): a second read could not change it;
 - a verdict of Prometheus (``AnalysisFailed``, ``NoData``): its samples were read fresh this
   round. The round's node groups (which nodes are canaries) come from the same observation,
   so a cache that is behind may have put a node in the wrong group for one round; the
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 from proxymode.api.models import Phase, PolicyStatus
 from proxymode.api.reasons import EventReason, PauseReason, RollbackReason, paused_event
-from proxymode.engine.actions import Decision, SetNodeMode
+from proxymode.engine.actions import Decision
 
 OBSERVED_ROLLBACKS = frozenset(
     {RollbackReason.KUBE_PROXY_UNHEALTHY, RollbackReason.NODE_NOT_VERIFIED}
@@ -63,6 +68,7 @@ def needs_second_look(before: PolicyStatus, decision: Decision) -> bool:
             after.rollback_reason in OBSERVED_ROLLBACKS
         ):
             return True
-    return decision.release_finalizer and any(
-        isinstance(a, SetNodeMode) and a.value is None for a in decision.actions
-    )
+        if entry.reason == EventReason.RETRY:
+            return True
+    settled = before.finalized or before.phase == Phase.ROLLED_BACK
+    return decision.release_finalizer and not settled

@@ -240,22 +240,33 @@ class Reconciler:
             fresh = self.fresh.observe(policy, deleting=deleting, now=datetime.now(UTC))
         except (ApiException, HTTPError) as e:
             self.telemetry.second_looks.labels("unread").inc()
-            detail = _forbidden(e) if isinstance(e, ApiException) else str(e)
+            # Kept the same from one try to the next (no error text, no countdown), so a
+            # server out of reach for a while costs one status write, not one per try.
+            error = f"HTTP {e.status}" if isinstance(e, ApiException) else type(e).__name__
             message = (
-                f"could not confirm from the API server before acting ({detail}); would have:"
-                f" {decision.status.rollback_message or decision.status.message}"
+                f"could not confirm from the API server before acting ({error}); nothing was"
+                f" done, looking again in {UNREAD_RETRY_SECONDS:.0f}s; the cache's copy calls"
+                f" for {_verdict_code(decision)}"
             )
-            log.warning("policy %s: %s", name, message)
+            log.warning("policy %s: %s: %s", name, message, e)
             held = policy.status.model_copy(update={"message": message})
             return Decision(status=held, requeue_seconds=UNREAD_RETRY_SECONDS), observed
-        fresh = replace(fresh, analysis=observed.analysis, series=observed.series)
+        if observed.series is not None and {n.name for n in fresh.nodes} != {
+            n.name for n in observed.nodes
+        }:
+            # The series were asked for the cache's nodes; ask again for the server's (not
+            # a counted round: asking twice costs a query, nothing else).
+            fresh = replace(fresh, series=series.look(self.api, policy, fresh))
+        else:
+            fresh = replace(fresh, series=observed.series)
+        fresh = replace(fresh, analysis=observed.analysis)
         again = advance(policy, fresh)
         if needs_second_look(policy.status, again):
             self.telemetry.second_looks.labels("confirmed").inc()
             log.info(
                 "policy %s: read again from the server before acting: %s",
                 name,
-                again.status.rollback_message or again.status.message,
+                _verdict(again),
             )
             return again, fresh
         with self._counts:
@@ -266,7 +277,7 @@ class Reconciler:
             " not bear that out, so it goes on as %s",
             name,
             decision.status.phase,
-            decision.status.rollback_message or decision.status.message,
+            _verdict(decision),
             again.status.phase,
         )
         return again, fresh
@@ -344,9 +355,11 @@ class LookTimer:
 
 
 def _merged(current: Any, patch: Any) -> Any:
-    """``current`` after a JSON merge patch (RFC 7386) of ``patch``."""
+    """``current`` after a JSON merge patch (RFC 7386) of ``patch``, as the API server
+    stores it: a list is replaced whole, and the server drops the null fields inside its
+    items (``history[].stage``, ``stages[].bakedSince``), so they are dropped here too."""
     if not isinstance(patch, dict):
-        return patch
+        return _without_nulls(patch)
     out = dict(current) if isinstance(current, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -354,6 +367,36 @@ def _merged(current: Any, patch: Any) -> Any:
         else:
             out[key] = _merged(out.get(key), value)
     return out
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def _verdict(decision: Decision) -> str:
+    """What a decision does, in the words a person reads: the rollback's own reason while it
+    rolls back, else the status message (a stuck rollback's Failed says why it is stuck)."""
+    st = decision.status
+    what = st.rollback_message if st.phase == Phase.ROLLING_BACK else None
+    return f"{st.phase}: {what or st.message or ''}".rstrip(": ")
+
+
+def _verdict_code(decision: Decision) -> str:
+    """A decision's phase and typed reason (``RollingBack (KubeProxyUnhealthy)``): the same
+    from one look to the next, unlike its message, which counts seconds."""
+    st = decision.status
+    reason: str | None = None
+    if st.phase == Phase.ROLLING_BACK:
+        reason = st.rollback_reason
+    elif st.phase == Phase.PAUSED:
+        reason = st.paused_reason
+    elif st.history:
+        reason = st.history[-1].reason
+    return f"{st.phase} ({reason})" if reason else str(st.phase)
 
 
 def _forbidden(error: ApiException) -> str:

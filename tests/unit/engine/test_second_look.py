@@ -8,6 +8,7 @@ gone), which a rule comparing phases before and after would miss.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -15,7 +16,10 @@ import pytest
 from proxymode.api.models import Phase, PolicyStatus
 from proxymode.api.reasons import EventReason, PauseReason, RollbackReason, paused_event
 from proxymode.api.status import HistoryEntry
-from proxymode.engine.actions import Decision, SetNodeMode
+from proxymode.engine import objects
+from proxymode.engine.actions import Decision, DeleteObject, SetNodeMode
+from proxymode.engine.machine import advance
+from proxymode.engine.observed import MODE_LABEL
 from proxymode.engine.second_look import needs_second_look
 from tests.unit.engine.seq import THREE_STAGES, Run, make_policy, terminal
 from tests.unit.engine.sim import Sim
@@ -121,11 +125,27 @@ def test_new_entries_count_when_the_history_is_full() -> None:
     assert needs_second_look(before, Decision(status=after))
 
 
-def test_letting_a_policy_go_with_its_labels_stripped_is_read_again() -> None:
+def test_letting_a_policy_go_is_read_again_unless_nothing_is_left_to_undo() -> None:
+    """A deletion's release rests on what was observed (source, snapshot, labels) unless the
+    stored status already says the run is over: finalized, or RolledBack."""
     strip = SetNodeMode("node-1", None, expect="nftables")
     assert needs_second_look(RUNNING, Decision(RUNNING, (strip,), release_finalizer=True))
-    assert not needs_second_look(RUNNING, Decision(RUNNING, (), release_finalizer=True))
+    assert needs_second_look(RUNNING, Decision(RUNNING, (), release_finalizer=True))
     assert not needs_second_look(RUNNING, Decision(RUNNING, (strip,)))
+    for settled in (
+        RUNNING.model_copy(update={"phase": Phase.COMPLETED, "finalized": True}),
+        RUNNING.model_copy(update={"phase": Phase.ROLLED_BACK}),
+    ):
+        assert not needs_second_look(settled, Decision(settled, (), release_finalizer=True))
+
+
+def test_a_retry_that_starts_over_is_read_again() -> None:
+    """``retry`` from Failed starts over (and preflight deletes the old run's snapshot) only
+    when the cluster holds none of that run's changes: an observed choice."""
+    entry = HistoryEntry(time=NOW.replace(minute=4), phase=Phase.PENDING, reason="Retry")
+    failed = RUNNING.model_copy(update={"phase": Phase.FAILED})
+    retried = PolicyStatus(phase=Phase.PREFLIGHT, history=[*failed.history, entry])
+    assert needs_second_look(failed, Decision(status=retried))
 
 
 # -- the engine's own decisions, through the controller model ------------------------------
@@ -199,3 +219,56 @@ def test_deleting_a_failed_policy_whose_source_is_gone_is_read_again() -> None:
     assert decision.release_finalizer
     assert any(isinstance(a, SetNodeMode) and a.value is None for a in decision.actions)
     assert needs_second_look(before, decision)
+
+
+def _aborted_without_labels(sim: Sim) -> Run:
+    """A run aborted until no node is labelled, then Failed (SourceMissing: the source
+    ConfigMap deleted), with its other changes in place (the source still patched)."""
+    run = Run(sim, make_policy(stages=[{**s, "bakeSeconds": 7200} for s in THREE_STAGES]))
+    run.checking = False  # the source ConfigMap goes: no world to check against
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    sim.action = "abort"
+    run.until(
+        lambda p: (
+            p.status.phase == Phase.ROLLING_BACK
+            and not any(MODE_LABEL in n.labels for n in sim.nodes.values())
+        ),
+        limit=60,
+    )
+    config_map = sim.objects.pop(("ConfigMap", "kube-proxy"))
+    run.step()
+    assert run.policy.status.phase == Phase.FAILED, run.policy.status.message
+    assert objects.source_is_patched(sim.get("DaemonSet", "kube-proxy"), "nftables")
+    sim.objects[("ConfigMap", "kube-proxy")] = config_map  # a person puts it back
+    sim.action = None
+    return run
+
+
+def test_a_release_on_a_copy_that_lags_a_recreated_source_is_read_again() -> None:
+    """The found case of the review: no label left to strip, so the release alone says
+    the decision rests on the copy. On the server's copy the policy rolls back first."""
+    run = _aborted_without_labels(Sim.cluster({"canary": 2, "general": 2}))
+    run.deleting = True
+    fresh = run.observe()
+    cached = advance(run.policy, replace(fresh, source_config_map=None))
+    assert cached.release_finalizer
+    assert not any(isinstance(a, SetNodeMode) for a in cached.actions)
+    assert needs_second_look(run.policy.status, cached)
+    server = advance(run.policy, fresh)
+    assert not server.release_finalizer
+    assert server.status.phase == Phase.ROLLING_BACK
+
+
+def test_a_retry_on_a_copy_that_misses_the_changes_is_read_again() -> None:
+    """A retry decided on a copy without the patched source and the target DaemonSet starts
+    over and deletes the snapshot; the server's copy rolls back first."""
+    run = _aborted_without_labels(Sim.cluster({"canary": 2, "general": 2}))
+    run.step()
+    run.sim.action = "retry"
+    fresh = run.observe()
+    cached = advance(run.policy, replace(fresh, source_daemon_set=None, target_daemon_set=None))
+    assert any(isinstance(a, DeleteObject) for a in cached.actions), cached.actions
+    assert needs_second_look(run.policy.status, cached)
+    server = advance(run.policy, fresh)
+    assert server.status.phase == Phase.ROLLING_BACK
+    assert server.status.rollback_reason == RollbackReason.RETRY
