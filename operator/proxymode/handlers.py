@@ -132,6 +132,7 @@ async def drive(
     """Look at the policy again and again: when woken, or as often as the engine asks."""
     driver: Reconciler = memo.reconciler
     wakeups: Wakeups = memo.wakeups
+    wakeups.track(name)
     while not stopped:
         try:
             outcome = await asyncio.to_thread(driver.once, name)
@@ -158,6 +159,7 @@ async def roll_back_on_delete(name: str, memo: kopf.Memo, logger: kopf.Logger, *
     """
     driver: Reconciler = memo.reconciler
     wakeups: Wakeups = memo.wakeups
+    wakeups.track(name)
     deadline = time.monotonic() + 60
     never = asyncio.Event()
     while True:

@@ -54,6 +54,16 @@ class Wakeups:
                 event = self._events[name] = asyncio.Event()
             return event
 
+    def track(self, name: str) -> None:
+        """Keep ``name``'s wake-ups from now on, before its daemon first waits.
+
+        ``wake_all`` (what the watch caches call) wakes the policies it knows; a daemon's
+        first look, the one that creates the target pair and patches the source, ran before
+        its first ``wait`` made the flag, so the changes it caused woke nothing and the next
+        look came on the engine's 1 s fallback (a second of every walk's start, measured).
+        """
+        self._event(name)
+
     def policy_changed(self, name: str, body: Mapping[str, Any]) -> bool:
         """Wake ``name`` if what its daemon acts on changed since last seen; True if woken."""
         key = policy_key(body)

@@ -56,6 +56,35 @@ def test_wakeups_coalesce_and_the_requeue_is_the_fallback() -> None:
     assert (first, woken, again) == (False, True, False)
 
 
+def test_a_change_during_the_first_look_wakes_the_daemon() -> None:
+    """The first look creates the target pair and patches the source; the watches report
+    those changes (``wake_all``) while it runs, before the daemon first waits. Tracked from
+    the start, they make the next look come at once, not on the fallback."""
+
+    async def scenario() -> tuple[bool, bool]:
+        wakeups = Wakeups()
+        wakeups.bind(asyncio.get_running_loop())
+        stopped = asyncio.Event()
+        wakeups.track("p")
+        wakeups.wake_all()  # during the first look
+        woken = await wakeups.wait("p", 5.0, stopped)
+        untracked = Wakeups()
+        untracked.bind(asyncio.get_running_loop())
+        untracked.wake_all()  # nobody known: nothing kept
+        missed = await untracked.wait("q", 0.05, stopped)
+        return woken, missed
+
+    assert asyncio.run(scenario()) == (True, False)
+
+
+def test_merge_drops_null_fields_inside_list_items_as_the_api_server_does() -> None:
+    """The server keeps ``history[].stage: null`` as no field at all; a comparison that
+    kept the null found every look's status changed and wrote it, idle looks included."""
+    stored = {"history": [{"phase": "Preflight", "reason": "PreflightStarted"}]}
+    patch = {"history": [{"phase": "Preflight", "reason": "PreflightStarted", "stage": None}]}
+    assert _merged(stored, patch) == stored
+
+
 def test_the_cache_keeps_only_what_the_engine_reads() -> None:
     pod = {
         "metadata": {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 from proxymode.api.models import (
     MAX_HISTORY,
@@ -115,8 +116,12 @@ def _bake(lk: Look, index: int) -> Phase | None:
     remaining = 0.0 if empty else spec_stage.bake_seconds - baked
     if not lk.force_promote and (remaining > 0 or verdict == GateVerdict.WAIT):
         lk.soon(max(1.0, remaining) if remaining > 0 else 5.0)
+        # The end time, not a countdown: the same words on every look while the stage
+        # bakes, so an idle look writes no status (a countdown rewrote it every look).
+        ends = (stage.baked_since or lk.now) + timedelta(seconds=spec_stage.bake_seconds)
         lk.status.message = (
-            f"stage {stage.name}: baking, {max(0, int(remaining))}s left"
+            f"stage {stage.name}: baking until {ends:%Y-%m-%dT%H:%M:%SZ}"
+            f" ({spec_stage.bake_seconds}s)"
             if remaining > 0
             else f"stage {stage.name}: baked; waiting for passing analysis rounds"
         )
