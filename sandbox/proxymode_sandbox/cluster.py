@@ -89,6 +89,14 @@ class SandboxConfig:
     """Opt-in: a real node's pod whose image is in the local podman store runs under podman
     with this ``containers.conf`` (images/build.sh writes it); empty: every pod is a process
     (decision 0066)."""
+    node_lease_seconds: int = 40
+    """kwok's node Lease duration (renewed about every quarter of it). Thousands of kwok
+    nodes renew a Lease each every 10 s at the default: on two cores that load keeps the
+    controllers behind (the 5,000-node benchmark raises it; the node lifecycle controller's
+    grace period follows, so no node goes NotReady between renewals)."""
+    controller_qps: int = 0
+    """kube-controller-manager's ``--kube-api-qps`` (burst twice that); 0 keeps its default
+    of 20, which paces the DaemonSet controller's pod creations and deletions."""
 
     def topology(self) -> Topology:
         return Topology.sized(self.nodes, self.canary_nodes, self.legacy_nodes)
@@ -448,6 +456,7 @@ class Sandbox:
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
                 "--cluster-name=proxymode-sandbox",
                 "--controllers=*,bootstrapsigner,tokencleaner",
+                *self._controller_tuning(),
             ],
         )
         sched = self._start(
@@ -474,7 +483,7 @@ class Sandbox:
                 f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 f"--config={stages}",
-                "--node-lease-duration-seconds=40",
+                f"--node-lease-duration-seconds={self.config.node_lease_seconds}",
                 f"--cidr={CLUSTER_CIDR}",
             ],
         )
@@ -493,6 +502,18 @@ class Sandbox:
             verify=False,
         )
         self._check_alive(kwok)
+
+    def _controller_tuning(self) -> list[str]:
+        """kube-controller-manager flags that follow the config's scale knobs."""
+        flags = []
+        if self.config.node_lease_seconds > 40:
+            # A node is unhealthy once its Lease is older than the grace period (default
+            # 50 s): keep it past one renewal interval and a late one.
+            flags.append(f"--node-monitor-grace-period={self.config.node_lease_seconds + 10}s")
+        if self.config.controller_qps > 0:
+            qps = self.config.controller_qps
+            flags += [f"--kube-api-qps={qps}", f"--kube-api-burst={2 * qps}"]
+        return flags
 
     def _start_monitoring(self) -> None:
         """Simulated per-node kube-proxy metrics, and a real Prometheus scraping them."""

@@ -18,8 +18,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from proxymode.engine.actions import SetNodeMode
 from proxymode.engine.observed import MODE_LABEL, NodeView
+from proxymode.kube import watched as watched_module
 from proxymode.kube.cache import ClusterCache, Watched
+from proxymode.kube.execute import Executor
 from proxymode.kube.observe import node_view
 from proxymode_sandbox import Sandbox
 from tests.sandbox.harness import eventually, service_account_client
@@ -150,6 +153,96 @@ def test_own_label_writes_are_read_fresh_until_the_node_watch_has_them(
     finally:
         cache.close()
         core.delete_node(name)
+
+
+def test_a_written_node_is_served_from_the_writes_answer_until_the_watch_has_it(
+    api: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    """The operator's own label change, answered by the server, needs no GET: the answer is
+    served while the node watch is behind (its events held back) and given up for the
+    watch's copy once the watch has got that far, a later change by someone else included.
+    A refused change (the label was not what the engine saw) is read fresh instead."""
+    name = f"wrote-{uuid.uuid4().hex[:8]}"
+    core.create_node(
+        client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={MODE_LABEL: "switching"}))
+    )
+    cache = ClusterCache(api, lambda: None)
+    executor = Executor(api, "wrote-test", lambda _: None, cache.wrote_node)
+
+    def mode() -> str | None:
+        view = next((n for n in cache.nodes() if n.name == name), None)
+        assert view is not None
+        return view.mode_label
+
+    try:
+        eventually(lambda: any(n.name == name for n in cache.nodes()), timeout=30, what="the node")
+        watched = cache._nodes
+        assert watched is not None
+        eventually(lambda: watched.watches, timeout=30, what="the node watch to open")
+        held: list[Any] = []
+        deliver = watched._apply
+        watched._apply = held.append  # type: ignore[method-assign]
+        assert executor.run([SetNodeMode(name, "nftables", "switching")]) == 1
+        for _ in range(3):
+            assert mode() == "nftables", "the write's answer, while the watch is behind"
+        assert cache.node_gets == 0, "an answered write is not read again"
+        held_view = watched.item(name)
+        assert held_view is not None and held_view.mode_label == "switching", "cache behind"
+        assert cache._written, "kept until the watch has it"
+
+        # Someone else changes the node after the write; the watch delivers both.
+        core.patch_node(name, {"metadata": {"labels": {"proxymode.test/other": "x"}}})
+        eventually(lambda: len(held) >= 2, timeout=30, what="both events")
+        for event in held:
+            deliver(event)
+        held.clear()
+        watched._apply = deliver  # type: ignore[method-assign]
+
+        def replaced() -> bool:
+            other = any(
+                n.name == name and n.labels.get("proxymode.test/other") for n in cache.nodes()
+            )
+            return other and not cache._written  # nodes() first: it is what lets go
+
+        eventually(
+            replaced,
+            timeout=30,
+            what="the watch's copy, the later change in it, to replace the answer",
+        )
+        assert mode() == "nftables" and cache.node_gets == 0
+
+        # Refused: the label is nftables, not the switching the engine saw. Read fresh.
+        assert executor.run([SetNodeMode(name, "iptables", "switching")]) == 0
+        cache.unsettle_nodes([name])  # what the reconciler does for an unanswered change
+        assert mode() == "nftables"
+        assert cache.node_gets >= 1, "a refused change is read from the server"
+    finally:
+        cache.close()
+        core.delete_node(name)
+
+
+def test_a_cold_start_lists_in_pages(
+    core: client.CoreV1Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list is read a page at a time (a bounded peak of decoded JSON) and still holds
+    every node, from one consistent snapshot that the watch then goes on from."""
+    monkeypatch.setattr(watched_module, "LIST_PAGE", 2)
+    everything = {n.metadata.name for n in core.list_node().items}
+    assert len(everything) > 2, "more nodes than a page, or the test proves nothing"
+    pages: list[int] = []
+
+    def list_node(*args: Any, **kwargs: Any) -> Any:
+        pages.append(kwargs["limit"])
+        return core.list_node(*args, **kwargs)
+
+    nodes = Watched("nodes", list_node, node_view, lambda: None)
+    try:
+        assert everything <= {n.name for n in nodes.items()}
+        assert len(pages) >= 2 and set(pages) == {2}, f"pages asked: {pages}"
+        assert nodes.lists == 1
+        eventually(lambda: nodes.watches, timeout=30, what="the watch to open from the list")
+    finally:
+        nodes.close()
 
 
 def test_a_refused_watch_backs_off_instead_of_spinning(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -45,6 +45,8 @@ MERGE_PATCH = "application/merge-patch+json"
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[EmitEvent], None]
+NodeSink = Callable[[Mapping[str, Any]], None]
+"""Takes the node a label change's PATCH answered with (as the server stored it)."""
 
 LABEL_WRITERS = 8
 """Label changes of one batch in flight at once. Below the API client's connection pool
@@ -97,8 +99,17 @@ def dynamic_client(api: client.ApiClient) -> dynamic.DynamicClient:
 class Executor:
     """Applies actions for one policy."""
 
-    def __init__(self, api: client.ApiClient, policy_name: str, events: EventSink) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        policy_name: str,
+        events: EventSink,
+        wrote_node: NodeSink | None = None,
+    ) -> None:
         self.api = api
+        self.wrote_node = wrote_node
+        """Given each node a label change wrote, as the server answered: the node cache
+        serves it until its watch has caught up (``ClusterCache.wrote_node``)."""
         self._dynamic = _dynamic(api)
         self.dyn = self._dynamic.client
         self.core = client.CoreV1Api(api)
@@ -238,10 +249,11 @@ class Executor:
             else {"op": "add", "path": path, "value": action.value}
         )
         try:
-            self.core.patch_node(
+            response = self.core.patch_node(
                 action.node,
                 [{"op": "test", "path": path, "value": action.expect}, change],
                 _content_type=JSON_PATCH,
+                _preload_content=False,
             )
         except ApiException as e:
             if e.status == 404:
@@ -249,6 +261,14 @@ class Executor:
             if e.status != 422:  # a failed test (or a missing labels map) is a 422, only
                 raise
             self._refused(action, e)
+            return
+        self._answered(response)
+
+    def _answered(self, response: Any) -> None:
+        """Hand the written node to ``wrote_node`` (raw JSON: no ``V1Node`` model is built
+        for an answer of which only the labels, readiness and version are read)."""
+        if self.wrote_node is not None:
+            self.wrote_node(json.loads(response.data))
 
     def _refused(self, action: SetNodeMode, error: ApiException) -> None:
         """A refused label change: why (the node read again), or the one case the single
@@ -272,7 +292,9 @@ class Executor:
             {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
             {"op": "add", "path": "/metadata/labels", "value": {MODE_LABEL: action.value}},
         ]
-        self.core.patch_node(action.node, ops, _content_type=JSON_PATCH)
+        self._answered(
+            self.core.patch_node(action.node, ops, _content_type=JSON_PATCH, _preload_content=False)
+        )
 
 
 def _say_the_rest(batch: Sequence[Action], errors: Sequence[Exception | None]) -> None:

@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -286,7 +286,15 @@ class Reconciler:
         self, name: str, body: dict[str, Any], policy: ProxyModePolicy, actions: Sequence[Action]
     ) -> int:
         """Run the engine's actions; what they write is read fresh until the cache has it."""
-        executor = Executor(self.api, name, lambda event: self.events(body, event))
+        cache = self.observer.cache
+        answered: set[str] = set()
+
+        def wrote_node(node: Mapping[str, Any]) -> None:
+            if cache is not None:
+                cache.wrote_node(node)
+            answered.add(str(node["metadata"]["name"]))  # set.add: safe from writer threads
+
+        executor = Executor(self.api, name, lambda event: self.events(body, event), wrote_node)
         touched = object_cache.written(actions)
         self._unsettle(touched)
         try:
@@ -295,9 +303,11 @@ class Reconciler:
             # Again once the writes are in: a look in between may have found the cache
             # agreeing with the state before them.
             self._unsettle(touched)
-            if self.observer.cache is not None:
-                self.observer.cache.unsettle_nodes(
-                    a.node for a in actions if isinstance(a, SetNodeMode)
+            if cache is not None:
+                # A label change the server answered is served from its answer; any other
+                # (refused, failed, not sent) is read fresh until the watch has it.
+                cache.unsettle_nodes(
+                    a.node for a in actions if isinstance(a, SetNodeMode) and a.node not in answered
                 )
         if done < len(actions):
             # Refused: what was decided on may itself have been a cache's stale copy.

@@ -21,11 +21,25 @@ from urllib3.exceptions import ReadTimeoutError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 WATCH_SECONDS = 240
+LIST_PAGE = 500
+"""Items per page of a list (``limit``; the API server's own default page for kubectl)."""
 READ_TIMEOUT_SECONDS = 90.0
 """A watch silent this long is taken as a dead connection (a half-open TCP stream would
 otherwise block forever and the cache would never change again): the API server sends a
 bookmark at least every minute (``allowWatchBookmarks``), so a live one never is. It is
 watched again from the version it had, without a list."""
+
+
+def comparable(version: str) -> bool:
+    """A resourceVersion that compares as a number (KEP-5504: decimal, no leading zero)."""
+    return (
+        version.isascii() and version.isdigit() and (version == "0" or not version.startswith("0"))
+    )
+
+
+def at_least(version: str, other: str) -> bool:
+    """``version`` is as new as ``other`` or newer; False when either does not compare."""
+    return comparable(version) and comparable(other) and int(version) >= int(other)
 
 
 def _backoff(failures: int) -> float:
@@ -90,6 +104,13 @@ class Watched(Generic[T]):
         with self._lock:
             return self._versions.get(name)
 
+    def seen(self, version: str) -> bool:
+        """Whether the watch has got as far as ``version`` of this kind (resourceVersions of
+        one resource compare as numbers, KEP-5504, GA in Kubernetes 1.35): events arrive
+        in order, so every item kept is then at least as new as that version."""
+        with self._lock:
+            return at_least(self._version, version)
+
     def replace_if(self, name: str, keep: Callable[[T | None], bool], value: T) -> bool:
         """Put ``value`` in place of ``name``'s item if ``keep`` accepts the current one
         (under the lock, so no watch event slips in between). The kept resourceVersion
@@ -101,17 +122,32 @@ class Watched(Generic[T]):
             return True
 
     def _relist(self) -> None:
-        response = self._call(*self._args, _preload_content=False, **self._kwargs)
-        data = json.loads(response.data)
+        """List in pages of ``LIST_PAGE`` (one consistent snapshot: the pages share the first
+        one's resourceVersion), reducing each page before the next is read: 5,000 pods
+        decoded at once made the operator's peak memory, and Python keeps what it grew."""
+        fresh: dict[str, T] = {}
+        versions: dict[str, str] = {}
+        token, version = "", ""
+        while True:
+            page = {"limit": LIST_PAGE, **({"_continue": token} if token else {})}
+            response = self._call(*self._args, _preload_content=False, **page, **self._kwargs)
+            data = json.loads(response.data)
+            for item in data.get("items") or []:
+                meta = item["metadata"]
+                fresh[meta["name"]] = self._reduce(item)
+                versions[meta["name"]] = str(meta.get("resourceVersion"))
+            meta = data.get("metadata") or {}
+            version = meta.get("resourceVersion", "")
+            token = meta.get("continue") or ""
+            del data, response
+            if not token:
+                break
         self.lists += 1
-        items = data.get("items") or []
-        fresh = {i["metadata"]["name"]: self._reduce(i) for i in items}
-        versions = {i["metadata"]["name"]: str(i["metadata"].get("resourceVersion")) for i in items}
         with self._lock:
             before = self._items
             changed = [n for n in fresh.keys() | before.keys() if fresh.get(n) != before.get(n)]
             self._items, self._versions = fresh, versions
-            self._version = (data.get("metadata") or {}).get("resourceVersion", "")
+            self._version = version
         self._current = True
         if self.lists > 1 and any(self._wakes is None or self._wakes(n) for n in changed):
             self._on_change()

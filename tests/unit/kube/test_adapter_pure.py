@@ -134,3 +134,17 @@ def test_seniority_ranks_the_first_replica_started_highest() -> None:
     assert older > newer, "one millisecond earlier outranks any tie-break"
     assert seniority(1_800_000_000.0, 1) != seniority(1_800_000_000.0, 2)
     assert 0 < newer < older < 2**53, "exact in the JSON the API server keeps"
+
+
+def test_resource_versions_compare_as_numbers_and_only_when_they_can() -> None:
+    """KEP-5504 (GA in 1.35): a resourceVersion is a decimal without leading zeros, and two
+    of one resource compare as numbers; anything else must never be taken as caught up."""
+    from proxymode.kube.watched import at_least, comparable  # noqa: PLC0415
+
+    assert at_least("10", "9"), "as numbers, not as text ('10' < '9' as text)"
+    assert at_least("42", "42")
+    assert not at_least("9", "10")
+    for odd in ("", "007", "12a", "-1", "\uff11\uff12", "1.5"):
+        assert not comparable(odd), odd
+        assert not at_least(odd, "1") and not at_least("1", odd), odd
+    assert comparable("0") and comparable("123456789012345678901234567890")
