@@ -72,19 +72,14 @@ def test_own_label_writes_are_read_fresh_until_the_node_watch_has_them(
     cache = ClusterCache(api, lambda: None)
 
     def mode() -> str | None:
-        view = next((n for n in cache.nodes() if n.name == name), None)
-        assert view is not None
-        return view.mode_label
+        return _mode(cache, name)
 
     def label(value: str | None) -> str:
         node = core.patch_node(name, {"metadata": {"labels": {MODE_LABEL: value}}})
         return str(node.metadata.resource_version)
 
     try:
-        eventually(lambda: any(n.name == name for n in cache.nodes()), timeout=30, what="the node")
-        watched = cache._nodes
-        assert watched is not None
-        eventually(lambda: watched.watches, timeout=30, what="the node watch to open")
+        watched = _watching(cache, name)
         held: list[Any] = []
         deliver = watched._apply
 
@@ -170,15 +165,10 @@ def test_a_written_node_is_served_from_the_writes_answer_until_the_watch_has_it(
     executor = Executor(api, "wrote-test", lambda _: None, cache.wrote_node)
 
     def mode() -> str | None:
-        view = next((n for n in cache.nodes() if n.name == name), None)
-        assert view is not None
-        return view.mode_label
+        return _mode(cache, name)
 
     try:
-        eventually(lambda: any(n.name == name for n in cache.nodes()), timeout=30, what="the node")
-        watched = cache._nodes
-        assert watched is not None
-        eventually(lambda: watched.watches, timeout=30, what="the node watch to open")
+        watched = _watching(cache, name)
         held: list[Any] = []
         deliver = watched._apply
         watched._apply = held.append  # type: ignore[method-assign]
@@ -292,6 +282,22 @@ def test_a_refused_watch_backs_off_instead_of_spinning(
     finally:
         rbac.delete_cluster_role_binding(who)
         rbac.delete_cluster_role(who)
+
+
+def _mode(cache: ClusterCache, name: str) -> str | None:
+    """The mode label of ``name`` as a look would read it from ``cache``."""
+    view = next((n for n in cache.nodes() if n.name == name), None)
+    assert view is not None
+    return view.mode_label
+
+
+def _watching(cache: ClusterCache, name: str) -> Watched[NodeView]:
+    """The cache's node watch, once it holds ``name`` and its watch is open."""
+    eventually(lambda: any(n.name == name for n in cache.nodes()), timeout=30, what="the node")
+    watched = cache._nodes
+    assert watched is not None
+    eventually(lambda: watched.watches, timeout=30, what="the node watch to open")
+    return watched
 
 
 def _can_list(api: client.CoreV1Api) -> bool:
