@@ -118,9 +118,20 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(models.GROUP, models.VERSION, models.PLURAL)
-def policy_event(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A spec edit, an action annotation or a deletion wakes that policy's daemon at once."""
+def policy_event(name: str, body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
+    """A spec edit, an action annotation or a deletion wakes that policy's daemon at once.
+
+    The policy gone from the server (``DELETED``): what the process kept for it goes too
+    (its wake-up flag, lock, Prometheus client and state series); kopf stops the daemon
+    when the deletion starts, so the daemon's own "gone" branch never runs for it."""
     wakeups: Wakeups | None = memo.get("wakeups")
+    if type == "DELETED":
+        if wakeups is not None:
+            wakeups.forget(name)
+        reconciler: Reconciler | None = memo.get("reconciler")
+        if reconciler is not None:
+            reconciler.forget(name)
+        return
     if wakeups is not None:
         wakeups.policy_changed(name, body)
 
@@ -169,6 +180,8 @@ async def roll_back_on_delete(name: str, memo: kopf.Memo, logger: kopf.Logger, *
             return
         if time.monotonic() > deadline:
             raise kopf.TemporaryError(
-                f"still rolling back before the policy goes (phase {outcome.phase})", delay=1
+                f"not released yet: the policy goes once nothing is left to undo"
+                f" (phase {outcome.phase}; status.message says what it waits for)",
+                delay=1,
             )
         await wakeups.wait(name, max(0.5, min(outcome.requeue_seconds, 5.0)), never)

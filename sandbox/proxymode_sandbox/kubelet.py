@@ -82,6 +82,10 @@ class PodRun:
     reported: str = ""
     container: str = ""
     """The podman container it runs as (``podrun``); empty: a process (``podspec``)."""
+    stopped_code: int | None = None
+    """The exit code podman recorded for a container this kubelet stopped: what is reported,
+    not the code of ``podman run --rm``, which exits 127 when the container is removed
+    under it before it read the code (a slow, loaded machine)."""
     liveness: Liveness = field(default_factory=Liveness)
 
 
@@ -246,6 +250,8 @@ class Kubelet:
                 self._start(run, pod)
             return
         code = run.proc.poll()
+        if code is not None and run.stopped_code is not None:
+            code, run.stopped_code = run.stopped_code, None
         if code is None:
             self._probe(run, pod)
             if run.container and run.liveness.failed(pod["spec"]["containers"][0], run.node.ip):
@@ -300,6 +306,7 @@ class Kubelet:
             )
         run.liveness = Liveness.start(pod["spec"]["containers"][0])
         run.started_at, run.waiting, run.phase = _now(), None, "Running"
+        run.stopped_code = None
         run.ready = "readinessProbe" not in pod["spec"]["containers"][0]
         run.next_probe = time.monotonic() + float(
             pod["spec"]["containers"][0].get("readinessProbe", {}).get("initialDelaySeconds", 0)
@@ -368,6 +375,7 @@ class Kubelet:
         proc = run.proc
         if run.container and self.podman is not None:
             self.podman.stop(run.container, grace)
+            run.stopped_code = self.podman.exit_code(run.container)
             if proc is not None:
                 # `podman run --rm` reports the container's exit code, then removes it.
                 with contextlib.suppress(subprocess.TimeoutExpired):

@@ -112,6 +112,14 @@ class Podman:
             self.run("rm", "--force", "--time", "0", name)
         return names
 
+    def exit_code(self, name: str) -> int | None:
+        """The exit code of a container that has exited; None while it runs or once gone."""
+        found = self.inspect(name)
+        state = (found or {}).get("State", {})
+        if state.get("Running", True) or "ExitCode" not in state:
+            return None
+        return int(state["ExitCode"])
+
     def inspect(self, name: str) -> dict[str, Any] | None:
         out = self.run("container", "inspect", name)
         if out.returncode != 0:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from kubernetes import client
@@ -105,16 +106,25 @@ class Reconciler:
         return made
 
     def forget(self, name: str) -> None:
-        """A policy went: drop its Prometheus client (and its CA file) and its lock."""
+        """A policy went: drop its Prometheus client (and its CA file), its state series
+        and its lock. A lock a look still holds stays (that look ends on the policy's 404
+        and forgets again), so no second look at the name can start beside it."""
+        self.telemetry.forget(name)
+        self._drop_client(name)
+        with self._locks_lock:
+            held = self._locks.get(name)
+            if held is not None and not held.locked():
+                del self._locks[name]
+
+    def _drop_client(self, name: str) -> None:
         kept = self._prometheus.pop(name, None)
         if kept is not None:
             kept[2].close()
-        with self._locks_lock:
-            self._locks.pop(name, None)
 
     def close(self) -> None:
+        """The operator stops: close every kept Prometheus client (their CA files go)."""
         for name in list(self._prometheus):
-            self.forget(name)
+            self._drop_client(name)
 
     def read(self, name: str) -> dict[str, Any] | None:
         try:
@@ -145,10 +155,7 @@ class Reconciler:
         clock = LookTimer(self.telemetry)
         body = self.read(name)
         if body is None:
-            self.telemetry.forget(name)
-            kept = self._prometheus.pop(name, None)
-            if kept is not None:
-                kept[2].close()
+            self.forget(name)
             return Outcome(requeue_seconds=0, release_finalizer=True, gone=True)
         try:
             policy = models.from_wire(body)
@@ -169,22 +176,29 @@ class Reconciler:
             # RBAC refuses a look (typically spec.kubeProxy.namespace is not one the chart
             # granted): say so where the user looks, change nothing, look again later.
             message = f"not allowed to read what this policy needs: {_forbidden(e)}"
+            pending = policy.status.phase == Phase.PENDING
+            if deleting and not pending:
+                message += (
+                    "; the deletion waits (it must walk the nodes back): grant the access"
+                    " again, or see docs/install.md#a-deletion-that-cannot-go-on"
+                )
             if policy.status.message != message:
                 self.events(body, EmitEvent(EventReason.FORBIDDEN, message, "Warning"))
             self._store(name, {"message": message}, body)
             # Still Pending: preflight never ran, so nothing was changed and a deleted
             # policy may go at once.
-            pending = policy.status.phase == Phase.PENDING
             return Outcome(
                 requeue_seconds=60 if not deleting else 5,
                 release_finalizer=deleting and pending,
                 phase=str(policy.status.phase),
             )
         if series.due(policy, deleting=deleting):
-            observed = replace(observed, series=series.look(self.api, policy, observed))
+            observed = replace(
+                observed, series=series.look(policy, observed, partial(self.prometheus, name))
+            )
         if not deleting and rounds.round_due(policy, now):
             measured = rounds.run_round(
-                self.api, policy, observed, now, lambda a: self.prometheus(name, a)
+                self.api, policy, observed, now, partial(self.prometheus, name)
             )
             observed = replace(observed, analysis=measured)
         clock.done("measure")
@@ -256,7 +270,9 @@ class Reconciler:
         }:
             # The series were asked for the cache's nodes; ask again for the server's (not
             # a counted round: asking twice costs a query, nothing else).
-            fresh = replace(fresh, series=series.look(self.api, policy, fresh))
+            fresh = replace(
+                fresh, series=series.look(policy, fresh, partial(self.prometheus, name))
+            )
         else:
             fresh = replace(fresh, series=observed.series)
         fresh = replace(fresh, analysis=observed.analysis)
@@ -397,8 +413,11 @@ def _verdict(decision: Decision) -> str:
 
 def _verdict_code(decision: Decision) -> str:
     """A decision's phase and typed reason (``RollingBack (KubeProxyUnhealthy)``): the same
-    from one look to the next, unlike its message, which counts seconds."""
+    from one look to the next, unlike its message, which counts seconds. A deletion's
+    release is named as such: its phase is only the one the policy was in."""
     st = decision.status
+    if decision.release_finalizer:
+        return f"letting the deleted policy go (in {st.phase})"
     reason: str | None = None
     if st.phase == Phase.ROLLING_BACK:
         reason = st.rollback_reason

@@ -10,10 +10,10 @@ read series only the target mode exports.
 
 from __future__ import annotations
 
-from kubernetes import client
+from collections.abc import Callable
 
 from proxymode.analysis.templates import series_query
-from proxymode.api.models import Phase, ProxyModePolicy, Template
+from proxymode.api.models import Analysis, Phase, ProxyModePolicy, Template
 from proxymode.engine.observed import CheckSeries, Observed, SeriesCoverage
 from proxymode.kube.rounds import Prometheus
 
@@ -52,12 +52,16 @@ def coverage(
     return SeriesCoverage(time=observed.now, checks=tuple(checks))
 
 
-def look(api: client.ApiClient, policy: ProxyModePolicy, observed: Observed) -> SeriesCoverage:
-    """The coverage for ``observed``, through the policy's Prometheus settings."""
+def look(
+    policy: ProxyModePolicy, observed: Observed, client_for: Callable[[Analysis], Prometheus]
+) -> SeriesCoverage:
+    """The coverage for ``observed``, through the policy's Prometheus client: the one the
+    reconciler keeps per policy and settings (``client_for``), so asking costs no Secret
+    read and leaves no CA file behind."""
     analysis = policy.spec.analysis
     assert analysis is not None
     try:
-        prom = Prometheus(api, analysis)
+        prom = client_for(analysis)
     except Exception as e:  # a missing Secret: every check says why
         error = f"cannot reach Prometheus: {e}"[:300]
         return SeriesCoverage(
