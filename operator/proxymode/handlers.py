@@ -122,12 +122,14 @@ def policy_event(name: str, body: kopf.Body, type: str, memo: kopf.Memo, **_: An
     """A spec edit, an action annotation or a deletion wakes that policy's daemon at once.
 
     The policy gone from the server (``DELETED``): what the process kept for it goes too
-    (its wake-up flag, lock, Prometheus client and state series); kopf stops the daemon
-    when the deletion starts, so the daemon's own "gone" branch never runs for it."""
+    (its wake-up flag, lock, Prometheus client and state series), unless a policy of the
+    same name was seen since; kopf stops the daemon when the deletion starts, so the
+    daemon's own "gone" branch never runs for it."""
     wakeups: Wakeups | None = memo.get("wakeups")
     if type == "DELETED":
-        if wakeups is not None:
-            wakeups.forget(name)
+        uid = (body.get("metadata") or {}).get("uid")
+        if wakeups is not None and not wakeups.gone(name, uid):
+            return  # a policy of the same name was created since: what is kept is its own
         reconciler: Reconciler | None = memo.get("reconciler")
         if reconciler is not None:
             reconciler.forget(name)

@@ -82,10 +82,11 @@ class PodRun:
     reported: str = ""
     container: str = ""
     """The podman container it runs as (``podrun``); empty: a process (``podspec``)."""
-    stopped_code: int | None = None
-    """The exit code podman recorded for a container this kubelet stopped: what is reported,
-    not the code of ``podman run --rm``, which exits 127 when the container is removed
-    under it before it read the code (a slow, loaded machine)."""
+    stopped_code: tuple[subprocess.Popen[bytes], int] | None = None
+    """The exit code podman recorded for a container this kubelet stopped, with the
+    ``podman run --rm`` process it belongs to: what is reported, not that process's code,
+    which is 127 when the container was removed under it before it read the code (a slow,
+    loaded machine). Used only for that process: a late answer never lands on the next."""
     liveness: Liveness = field(default_factory=Liveness)
 
 
@@ -250,8 +251,11 @@ class Kubelet:
                 self._start(run, pod)
             return
         code = run.proc.poll()
-        if code is not None and run.stopped_code is not None:
-            code, run.stopped_code = run.stopped_code, None
+        stopped, run.stopped_code = run.stopped_code, None
+        if code is not None and stopped is not None and stopped[0] is run.proc:
+            code = stopped[1]
+        elif code is None:
+            run.stopped_code = stopped  # still running: kept until it has exited
         if code is None:
             self._probe(run, pod)
             if run.container and run.liveness.failed(pod["spec"]["containers"][0], run.node.ip):
@@ -306,7 +310,6 @@ class Kubelet:
             )
         run.liveness = Liveness.start(pod["spec"]["containers"][0])
         run.started_at, run.waiting, run.phase = _now(), None, "Running"
-        run.stopped_code = None
         run.ready = "readinessProbe" not in pod["spec"]["containers"][0]
         run.next_probe = time.monotonic() + float(
             pod["spec"]["containers"][0].get("readinessProbe", {}).get("initialDelaySeconds", 0)
@@ -375,12 +378,17 @@ class Kubelet:
         proc = run.proc
         if run.container and self.podman is not None:
             self.podman.stop(run.container, grace)
-            run.stopped_code = self.podman.exit_code(run.container)
+            code = self.podman.exit_code(run.container)
+            if proc is not None and code is not None:
+                run.stopped_code = (proc, code)
             if proc is not None:
                 # `podman run --rm` reports the container's exit code, then removes it.
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=REMOVE_WAIT)
-            self.podman.remove(run.container)
+            if run.proc is proc or run.proc is None:
+                # Not once a new container of the same name has started (after a restart's
+                # back-off): that one is not this stop's to remove.
+                self.podman.remove(run.container)
         if proc is None or proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):

@@ -21,7 +21,7 @@ them out rests on what it observed: a ``retry`` (roll back first, or start over 
 the old run's snapshot, is decided on whether the cluster still holds that run's changes),
 and the deletion's release of the finalizer (at once, or after a rollback, is decided on
 whether the source, the snapshot and the labels are there) unless the stored status already
-says nothing is left to undo (finalized, RolledBack, or still Pending).
+says nothing is left to undo (finalized, or RolledBack).
 
 Not read again:
 
@@ -75,9 +75,7 @@ def needs_second_look(before: PolicyStatus, decision: Decision) -> bool:
 
 def _settled(status: PolicyStatus) -> bool:
     """Nothing of the run is left to undo, whatever a copy of the cluster shows: finalized,
-    RolledBack, or still Pending (preflight has not run, or a retry confirmed on the server
-    that the failed run's changes were gone, so no node carries a label of this run's; the
-    snapshot and target objects it may have written are the policy's own and go with it).
-    A Pending policy's release read again would hold a deletion for nothing, and forever
-    where the server refuses that read (a kube-proxy namespace the operator may not read)."""
-    return status.finalized or status.phase in (Phase.ROLLED_BACK, Phase.PENDING)
+    or RolledBack. Pending is not: a look in Pending runs preflight and may act (snapshot,
+    target pair, the source's patch, even the first moves) before its status write, and a
+    lost write leaves the stored phase Pending over a changed cluster."""
+    return status.finalized or status.phase == Phase.ROLLED_BACK

@@ -107,8 +107,10 @@ class Reconciler:
 
     def forget(self, name: str) -> None:
         """A policy went: drop its Prometheus client (and its CA file), its state series
-        and its lock. A lock a look still holds stays (that look ends on the policy's 404
-        and forgets again), so no second look at the name can start beside it."""
+        and its lock. A lock a look still holds stays, so no second look at the name can
+        start beside it; that look (a daemon's, cancelled by kopf but still running in its
+        thread) may record the policy's state once more, until the process next forgets it
+        or restarts: a known, accepted leftover of one series."""
         self.telemetry.forget(name)
         self._drop_client(name)
         with self._locks_lock:
@@ -138,8 +140,15 @@ class Reconciler:
         return dict(body)  # type: ignore[call-overload,no-any-return]
 
     def once(self, name: str, *, deleting: bool = False) -> Outcome:
-        with self.lock(name):
-            return self._timed(name, deleting=deleting)
+        while True:
+            lock = self.lock(name)
+            with lock:
+                # ``forget`` may have dropped the lock between ``lock()`` and the acquire,
+                # and another look taken a new one: look only under the registered lock.
+                with self._locks_lock:
+                    registered = self._locks.setdefault(name, lock)
+                if registered is lock:
+                    return self._timed(name, deleting=deleting)
 
     def _timed(self, name: str, *, deleting: bool) -> Outcome:
         started = time.perf_counter()
@@ -179,7 +188,7 @@ class Reconciler:
             pending = policy.status.phase == Phase.PENDING
             if deleting and not pending:
                 message += (
-                    "; the deletion waits (it must walk the nodes back): grant the access"
+                    "; the deletion waits (nodes may need walking back): grant the access"
                     " again, or see docs/install.md#a-deletion-that-cannot-go-on"
                 )
             if policy.status.message != message:
@@ -257,6 +266,8 @@ class Reconciler:
             # Kept the same from one try to the next (no error text, no countdown), so a
             # server out of reach for a while costs one status write, not one per try.
             error = f"HTTP {e.status}" if isinstance(e, ApiException) else type(e).__name__
+            if isinstance(e, ApiException) and e.status == 403:
+                error = f"{error}: {_forbidden(e)}"  # a refusal stays: say what was refused
             message = (
                 f"could not confirm from the API server before acting ({error}); nothing was"
                 f" done, looking again in {UNREAD_RETRY_SECONDS:.0f}s; the cache's copy calls"

@@ -39,6 +39,8 @@ class Wakeups:
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
         self._keys: dict[str, PolicyKey] = {}
+        self._uids: dict[str, str] = {}
+        """The uid of the policy last seen under each name (a name can be re-created)."""
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.count = 0
@@ -67,9 +69,12 @@ class Wakeups:
     def policy_changed(self, name: str, body: Mapping[str, Any]) -> bool:
         """Wake ``name`` if what its daemon acts on changed since last seen; True if woken."""
         key = policy_key(body)
+        uid = (body.get("metadata") or {}).get("uid")
         with self._lock:
-            before = self._keys.get(name)
+            before = self._keys.get(name) if self._uids.get(name) in (None, uid) else None
             self._keys[name] = key
+            if uid:
+                self._uids[name] = uid
         if before is not None and before != key:
             self.wake(name)
             return True
@@ -116,3 +121,15 @@ class Wakeups:
         with self._lock:
             self._events.pop(name, None)
             self._keys.pop(name, None)
+            self._uids.pop(name, None)
+
+    def gone(self, name: str, uid: str | None) -> bool:
+        """The policy ``uid`` is gone from the server: forget ``name`` unless a newer
+        policy of that name was seen since (kopf handles each object's events in its own
+        worker, so an old policy's DELETED may come after its successor's first events).
+        True if forgotten: what else the process keeps for ``name`` may go too."""
+        with self._lock:
+            if uid and self._uids.get(name) not in (None, uid):
+                return False
+        self.forget(name)
+        return True

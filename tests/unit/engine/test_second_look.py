@@ -127,9 +127,9 @@ def test_new_entries_count_when_the_history_is_full() -> None:
 
 def test_letting_a_policy_go_is_read_again_unless_nothing_is_left_to_undo() -> None:
     """A deletion's release rests on what was observed (source, snapshot, labels) unless the
-    stored status already says the run is over or never began: finalized, RolledBack or
-    Pending (a Pending policy in a namespace the operator may not read could otherwise never
-    be deleted: its fresh read is refused every time)."""
+    stored status already says the run is over: finalized, or RolledBack. Pending is read
+    again: a look in Pending acts (preflight, even the first moves) before it stores, so a
+    lost write leaves a changed cluster under a stored Pending."""
     strip = SetNodeMode("node-1", None, expect="nftables")
     assert needs_second_look(RUNNING, Decision(RUNNING, (strip,), release_finalizer=True))
     assert needs_second_look(RUNNING, Decision(RUNNING, (), release_finalizer=True))
@@ -137,9 +137,9 @@ def test_letting_a_policy_go_is_read_again_unless_nothing_is_left_to_undo() -> N
     for settled in (
         RUNNING.model_copy(update={"phase": Phase.COMPLETED, "finalized": True}),
         RUNNING.model_copy(update={"phase": Phase.ROLLED_BACK}),
-        PolicyStatus(),  # Pending: preflight never ran
     ):
         assert not needs_second_look(settled, Decision(settled, (), release_finalizer=True))
+    assert needs_second_look(PolicyStatus(), Decision(PolicyStatus(), (), release_finalizer=True))
 
 
 def test_a_retry_that_starts_over_is_read_again() -> None:

@@ -148,3 +148,23 @@ def test_resource_versions_compare_as_numbers_and_only_when_they_can() -> None:
         assert not comparable(odd), odd
         assert not at_least(odd, "1") and not at_least("1", odd), odd
     assert comparable("0") and comparable("123456789012345678901234567890")
+
+
+def _named(uid: str, generation: int) -> dict[str, Any]:
+    body = _policy(generation)
+    body["metadata"]["uid"] = uid
+    return body
+
+
+def test_an_old_policy_s_deletion_does_not_forget_its_successor_of_the_same_name() -> None:
+    """kopf handles each object's events in its own worker: the old policy's DELETED may
+    come after the first events of a new policy of the same name. Only the uid last seen
+    under the name is forgotten; and a new uid's first event is a first sight, not a change."""
+    wakeups = Wakeups()
+    wakeups.policy_changed("p", _named("old", 1))
+    assert not wakeups.policy_changed("p", _named("new", 5)), "another policy: nothing to compare"
+    assert not wakeups.gone("p", "old"), "the successor's state is kept"
+    assert wakeups.policy_changed("p", _named("new", 6)), "and its spec edits still wake it"
+    assert wakeups.gone("p", "new")
+    assert not wakeups.policy_changed("p", _named("new", 7)), "forgotten: a first sight again"
+    assert wakeups.gone("q", None), "a name never seen is simply forgotten"
