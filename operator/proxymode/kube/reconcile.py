@@ -109,8 +109,7 @@ class Reconciler:
         """A policy went: drop its Prometheus client (and its CA file), its state series
         and its lock. A lock a look still holds stays, so no second look at the name can
         start beside it; that look (a daemon's, cancelled by kopf but still running in its
-        thread) may record the policy's state once more, until the process next forgets it
-        or restarts: a known, accepted leftover of one series."""
+        thread) finds the policy gone when it stores and forgets it again."""
         self.telemetry.forget(name)
         self._drop_client(name)
         with self._locks_lock:
@@ -221,7 +220,11 @@ class Reconciler:
             # The world moved under the batch: the next look decides again, and until one
             # succeeds the policy's generation does not count as observed.
             status["observedGeneration"] = policy.status.observed_generation
-        self._store(name, status, body)
+        if not self._store(name, status, body):
+            # Gone while this look ran (a look kopf cancelled, still in its thread, after
+            # the finalizer went): what the process keeps for the policy goes, not back in.
+            self.forget(name)
+            return Outcome(requeue_seconds=0, release_finalizer=True, gone=True)
         clock.done("store")
         self.telemetry.looked(
             name,
@@ -263,10 +266,17 @@ class Reconciler:
             fresh = self.fresh.observe(policy, deleting=deleting, now=datetime.now(UTC))
         except (ApiException, HTTPError) as e:
             self.telemetry.second_looks.labels("unread").inc()
+            refused = isinstance(e, ApiException) and e.status == 403
+            if refused and decision.release_finalizer and policy.status.phase == Phase.PENDING:
+                # The rule of a refused first look (``_once``): a deleted policy still
+                # Pending where the operator may not read goes, or it could never go.
+                log.warning("policy %s: deleted while Pending, refused a read: let go", name)
+                return decision, observed
             # Kept the same from one try to the next (no error text, no countdown), so a
             # server out of reach for a while costs one status write, not one per try.
             error = f"HTTP {e.status}" if isinstance(e, ApiException) else type(e).__name__
-            if isinstance(e, ApiException) and e.status == 403:
+            if refused:
+                assert isinstance(e, ApiException)
                 error = f"{error}: {_forbidden(e)}"  # a refusal stays: say what was refused
             message = (
                 f"could not confirm from the API server before acting ({error}); nothing was"
@@ -346,15 +356,16 @@ class Reconciler:
         if keys and self.observer.cache is not None:
             self.observer.cache.objects.unsettle(keys)
 
-    def _store(self, name: str, status: dict[str, Any], body: dict[str, Any]) -> None:
+    def _store(self, name: str, status: dict[str, Any], body: dict[str, Any]) -> bool:
         """Merge-patch the status subresource; ``None`` values clear fields the engine dropped.
 
         Nothing is sent when the merge would change nothing: an idle policy's look writes
-        nothing (and so wakes no watcher of policies, the operator's own included).
+        nothing (and so wakes no watcher of policies, the operator's own included). False:
+        the policy is gone (404).
         """
         if _merged(body.get("status") or {}, status) == (body.get("status") or {}):
             self.status_unchanged += 1
-            return
+            return True
         self.status_patches += 1
         try:
             self.custom.patch_cluster_custom_object_status(
@@ -363,6 +374,8 @@ class Reconciler:
         except ApiException as e:
             if e.status != 404:
                 raise
+            return False
+        return True
 
 
 class LookTimer:
