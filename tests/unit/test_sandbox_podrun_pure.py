@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from proxymode_sandbox import kubelet as kl
 from proxymode_sandbox import podrun
 from proxymode_sandbox.podspec import NodeInfo, PodSpecError
 
@@ -143,3 +144,55 @@ def test_what_the_sandbox_cannot_give_is_refused_with_the_reason(
     container = {"name": "c", "image": "localhost/x:1", **change}
     with pytest.raises(PodSpecError, match=reason):
         _argv(tmp_path, _pod(container))
+
+
+class _Proc:
+    """A stand-in ``podman run --rm`` process: exits with ``code`` once set."""
+
+    pid = 0
+
+    def __init__(self) -> None:
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return self.code
+
+
+class _Podman:
+    """``podman stop`` ends the process with 127 (removed under it); inspect says 137."""
+
+    def __init__(self, proc: _Proc) -> None:
+        self.proc = proc
+        self.removed: list[str] = []
+
+    def stop(self, name: str, grace: float) -> None:
+        self.proc.code = 127
+
+    def exit_code(self, name: str) -> int | None:
+        return 137
+
+    def remove(self, name: str) -> None:
+        self.removed.append(name)
+
+
+def test_a_stopped_container_reports_podman_s_code_and_only_for_its_own_process(
+    tmp_path: Path,
+) -> None:
+    old, new = _Proc(), _Proc()
+    k = kl.Kubelet.__new__(kl.Kubelet)
+    k.podman = _Podman(old)  # type: ignore[assignment]
+    pod: dict[str, Any] = {"spec": {"containers": [{"name": "c", "image": "x"}]}}
+    node = NodeInfo(name="n", netns="", ip="127.0.0.1", root=tmp_path)
+    run = kl.PodRun("uid", "ns", "p", node, tmp_path, proc=old, container="pm-uid")  # type: ignore[arg-type]
+    k._stop(run, 1.0)
+    k._step(run, pod)
+    assert run.last_state["terminated"]["exitCode"] == 137, "podman's record, not 127"
+    assert k.podman.removed == ["pm-uid"]  # type: ignore[attr-defined]
+    # A late answer for the old process never lands on the next one.
+    run.proc, run.stopped_code = new, (old, 137)  # type: ignore[assignment]
+    new.code = 1
+    k._step(run, pod)
+    assert run.last_state["terminated"]["exitCode"] == 1
