@@ -251,11 +251,10 @@ class Kubelet:
                 self._start(run, pod)
             return
         code = run.proc.poll()
-        stopped, run.stopped_code = run.stopped_code, None
-        if code is not None and stopped is not None and stopped[0] is run.proc:
-            code = stopped[1]
-        elif code is None:
-            run.stopped_code = stopped  # still running: kept until it has exited
+        if code is not None:
+            stopped, run.stopped_code = run.stopped_code, None
+            if stopped is not None and stopped[0] is run.proc:
+                code = stopped[1]
         if code is None:
             self._probe(run, pod)
             if run.container and run.liveness.failed(pod["spec"]["containers"][0], run.node.ip):

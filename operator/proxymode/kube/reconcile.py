@@ -266,8 +266,9 @@ class Reconciler:
             fresh = self.fresh.observe(policy, deleting=deleting, now=datetime.now(UTC))
         except (ApiException, HTTPError) as e:
             self.telemetry.second_looks.labels("unread").inc()
-            refused = isinstance(e, ApiException) and e.status == 403
-            if refused and decision.release_finalizer and policy.status.phase == Phase.PENDING:
+            refused = _forbidden(e) if isinstance(e, ApiException) and e.status == 403 else None
+            pending = policy.status.phase == Phase.PENDING
+            if refused is not None and decision.release_finalizer and pending:
                 # The rule of a refused first look (``_once``): a deleted policy still
                 # Pending where the operator may not read goes, or it could never go.
                 log.warning("policy %s: deleted while Pending, refused a read: let go", name)
@@ -275,9 +276,8 @@ class Reconciler:
             # Kept the same from one try to the next (no error text, no countdown), so a
             # server out of reach for a while costs one status write, not one per try.
             error = f"HTTP {e.status}" if isinstance(e, ApiException) else type(e).__name__
-            if refused:
-                assert isinstance(e, ApiException)
-                error = f"{error}: {_forbidden(e)}"  # a refusal stays: say what was refused
+            if refused is not None:
+                error = f"{error}: {refused}"  # a refusal stays: say what was refused
             message = (
                 f"could not confirm from the API server before acting ({error}); nothing was"
                 f" done, looking again in {UNREAD_RETRY_SECONDS:.0f}s; the cache's copy calls"

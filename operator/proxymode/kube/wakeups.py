@@ -38,9 +38,9 @@ class Wakeups:
 
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
-        self._keys: dict[str, PolicyKey] = {}
-        self._uids: dict[str, str] = {}
-        """The uid of the policy last seen under each name (a name can be re-created)."""
+        self._keys: dict[str, tuple[str | None, PolicyKey]] = {}
+        """The uid and key of the policy last seen under each name (a name can be
+        re-created: another uid's key is not compared with)."""
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.count = 0
@@ -71,10 +71,9 @@ class Wakeups:
         key = policy_key(body)
         uid = (body.get("metadata") or {}).get("uid")
         with self._lock:
-            before = self._keys.get(name) if self._uids.get(name) in (None, uid) else None
-            self._keys[name] = key
-            if uid:
-                self._uids[name] = uid
+            seen = self._keys.get(name)
+            self._keys[name] = (uid, key)
+        before = seen[1] if seen is not None and seen[0] in (None, uid) else None
         if before is not None and before != key:
             self.wake(name)
             return True
@@ -121,7 +120,6 @@ class Wakeups:
         with self._lock:
             self._events.pop(name, None)
             self._keys.pop(name, None)
-            self._uids.pop(name, None)
 
     def gone(self, name: str, uid: str | None) -> bool:
         """The policy ``uid`` is gone from the server: forget ``name`` unless a newer
@@ -129,7 +127,8 @@ class Wakeups:
         worker, so an old policy's DELETED may come after its successor's first events).
         True if forgotten: what else the process keeps for ``name`` may go too."""
         with self._lock:
-            if uid and self._uids.get(name) not in (None, uid):
+            seen = self._keys.get(name)
+            if uid and seen is not None and seen[0] not in (None, uid):
                 return False
         self.forget(name)
         return True
