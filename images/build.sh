@@ -259,8 +259,9 @@ if [ -n "$archive" ]; then
 fi
 
 # ---- what the host looked like before ---------------------------------------------------------
-leftover=$(podman ps --all --quiet --filter "ancestor=$IMAGE")
-[ -z "$leftover" ] || podman rm --force $leftover >/dev/null
+# No container is removed here: the build runs none (--force-rm drops its own), and a
+# container of this image that runs now is somebody's (a test worker beside this one runs the
+# operator in it while this one finds the image cached).
 [ "$(cat /proc/sys/net/ipv4/ip_forward)" = "$ip_forward_before" ] ||
   die "net.ipv4.ip_forward changed during the build (put back): the build must use --network=host"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import tarfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,21 @@ def test_image_is_built_with_its_content_key_and_its_size_is_reported(
     )
     assert labels["io.proxymode.build-key"] == built_image.key
     assert labels["org.opencontainers.image.title"] == "proxymode-operator"
-    # Idempotent: the same inputs, nothing built, the same image.
-    again, result = build_image()
+    # Idempotent: the same inputs, nothing built, the same image. And a container of the image
+    # that runs meanwhile is left alone: test workers side by side each run the script while
+    # another's operator runs in the image (the script once removed every such container).
+    bystander = f"pm-bystander-{uuid.uuid4().hex[:6]}"
+    podman(built_image, "run", "--detach", f"--name={bystander}", "--network=none",
+           "--entrypoint=sleep", built_image.name, "300")  # fmt: skip
+    try:
+        again, result = build_image()
+        running = podman(built_image, "inspect", "--format", "{{.State.Running}}", bystander,
+                         check=False)  # fmt: skip
+    finally:
+        podman(built_image, "rm", "--force", "--time=0", bystander, check=False)
     assert again["IMAGE_ID"] == built_image.image_id and again["KEY"] == built_image.key
     assert "nothing to build" in result.stderr
+    assert running.stdout.strip() == "true", f"the build removed a running container: {running}"
     with capsys.disabled():
         print(
             f"\n[image] {built_image.name}: {built_image.size_bytes / 1e6:.1f} MB in the local"
