@@ -273,6 +273,7 @@ def looks(metrics: str) -> dict[str, Any]:
         text = r.read().decode()
     out: dict[str, Any] = dict(histogram(text, "proxymode_reconcile_duration_seconds"))
     out["own"] = histogram(text, "proxymode_look_own_duration_seconds")
+    out["cpu"] = histogram(text, "proxymode_look_cpu_seconds")
     part_count = r'^proxymode_look_part_duration_seconds_count{part="([^"]+)"}'
     parts = sorted(set(re.findall(part_count, text, re.M)))
     out["parts_mean_ms"] = {

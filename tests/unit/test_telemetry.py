@@ -245,3 +245,34 @@ def test_a_look_is_timed_in_parts_and_its_own_time_leaves_the_actions_out() -> N
     assert samples[("proxymode_look_own_duration_seconds_count", None)] == 1
     parts = sum(samples[("proxymode_look_part_duration_seconds_sum", p)] for p in waits)
     assert abs(parts - act - own) < 1e-6
+
+
+def test_a_looks_cpu_time_leaves_its_waits_out() -> None:
+    """A part that waits (the API server, a busy machine) adds to the look's own time and not
+    to its CPU time; a part that works adds to both; act adds to neither."""
+    telemetry = Telemetry()
+    clock = LookTimer(telemetry)
+    time.sleep(0.05)
+    clock.done("read")  # waiting, as on a GET
+    spin_until = time.thread_time() + 0.03
+    while time.thread_time() < spin_until:
+        pass
+    clock.done("decide")  # working
+    spin_until = time.thread_time() + 0.05
+    while time.thread_time() < spin_until:
+        pass
+    clock.done("act")  # left out of both
+    clock.flush()
+    samples = {
+        s.name: s.value
+        for family in text_string_to_metric_families(generate_latest(telemetry.registry).decode())
+        for s in family.samples
+        if s.name.endswith("_sum") or s.name.endswith("_count")
+    }
+    own, cpu = (
+        samples["proxymode_look_own_duration_seconds_sum"],
+        samples["proxymode_look_cpu_seconds_sum"],
+    )
+    assert samples["proxymode_look_cpu_seconds_count"] == 1
+    assert own >= 0.08
+    assert 0.03 <= cpu < 0.05, cpu
