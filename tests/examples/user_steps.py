@@ -154,7 +154,13 @@ def apply_as_a_user(
                 "annotate", "proxymodepolicy", name, f"{ACTION_ANNOTATION}=promote", "--overwrite"
             )
             promoted = stage
-        assert time.monotonic() - start < timeout, (relpath, status.get("message"))
+        assert time.monotonic() - start < timeout, (
+            relpath,
+            status.get("message"),
+            f"promoted once Analyzing with baseline values of {built_in}",
+            {"baseline": (status.get("baseline") or {}).get("metrics")},
+            {"analysis": status.get("analysis")},
+        )
         time.sleep(0.5)
 
 

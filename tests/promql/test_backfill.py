@@ -31,7 +31,7 @@ from kubernetes import client
 
 from proxymode.analysis.templates import group_query, per_node_query
 from proxymode.api.models import Analysis, Check, PrometheusSource
-from proxymode.kube.rounds import Prometheus
+from proxymode.kube.rounds import Prometheus, measure
 from tests.promql.backfill import (
     BASELINE,
     CANARY,
@@ -302,3 +302,42 @@ def test_the_longest_query_for_5000_eks_nodes(prom: Prometheus) -> None:
     query = _group(SYNC_FAILURES.check, EKS_GROUP)
     assert len(query) > 900_000
     assert _ask(prom, query) == []  # accepted, and none of these nodes has series
+
+
+class _AtEvalTime(Prometheus):
+    """The adapter asked at the history's last scrape instead of now (the data is from 2023):
+    the queries and their answers are the real ones."""
+
+    def __init__(self, real: Prometheus) -> None:
+        self.__dict__.update(real.__dict__)
+        self.asked: list[str] = []
+
+    def values(self, query: str, at: float | None = None) -> Rows:
+        self.asked.append(query)
+        return super().values(query, at=EVAL_TIME if at is None else at)
+
+
+def test_a_check_with_absolute_bounds_asks_the_baseline_only_while_none_is_kept(
+    prom: Prometheus,
+) -> None:
+    """A round records the baseline group's value of every check the status has none (or only
+    a provisional one) of, absolute bounds included: a round before the first move that
+    Prometheus could not answer once left such a check without a baseline for the whole run.
+    With a settled value kept, the baseline group is not asked again."""
+    check = SYNC_LATENCY.check
+    assert check.max_ratio_to_baseline is None and check.mann_whitney is None
+    analysis = Analysis(prometheus=PrometheusSource(url=prom.url), checks=[check])
+    at = _AtEvalTime(prom)
+    wanted = measure(
+        at, check, analysis, canary=CANARY_NODES, baseline=BASELINE_NODES,
+        recorded_baseline=None, record_baseline=True,
+    )  # fmt: skip
+    assert wanted.canary == pytest.approx(SYNC_LATENCY.canary, rel=1e-9)
+    assert wanted.baseline == pytest.approx(SYNC_LATENCY.baseline, rel=1e-9)
+    assert len(at.asked) == 2
+    at.asked.clear()
+    kept = measure(
+        at, check, analysis, canary=CANARY_NODES, baseline=BASELINE_NODES,
+        recorded_baseline=0.3, record_baseline=False,
+    )  # fmt: skip
+    assert kept.baseline == 0.3 and len(at.asked) == 1, at.asked

@@ -57,6 +57,8 @@ from proxymode.kube.watched import Watched, comparable
 
 log = logging.getLogger(__name__)
 MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+"""What a kubelet puts on the API's copy of a static pod."""
 NODE_READERS = 8
 """Unsettled nodes read side by side, as ``kube.execute.LABEL_WRITERS`` writes them."""
 
@@ -80,6 +82,8 @@ class PodRecord:
     """A terminated container's termination message (a verification Job's report)."""
     finished: bool = False
     """The pod ran to its end (phase Succeeded or Failed, or a container terminated)."""
+    mirror: bool = False
+    """A static pod's mirror (``kubernetes.io/config.mirror``): preflight names them."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         created=meta.get("creationTimestamp"),
         ready_changed=ready.get("lastTransitionTime"),
         job=(meta.get("labels") or {}).get("job-name", "") or "",
+        mirror=MIRROR_ANNOTATION in (meta.get("annotations") or {}),
         finished=status.get("phase") in ("Succeeded", "Failed")
         or any(
             (c.get("state") or {}).get("terminated") for c in status.get("containerStatuses") or []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -34,8 +35,9 @@ from proxymode.engine.observed import (
     ProxyKind,
     ProxyPod,
 )
-from proxymode.kube.cache import ClusterCache, PodRecord
+from proxymode.kube.cache import MIRROR_ANNOTATION, ClusterCache, PodRecord
 from proxymode.kube.object_cache import Key, objects_of, read_object
+from proxymode.kube.watched import LIST_PAGE
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 VERIFY_IMAGE_ENV = "PROXYMODE_VERIFY_IMAGE"
@@ -64,6 +66,19 @@ def _raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         raise
     data: dict[str, Any] = json.loads(response.data)
     return data
+
+
+def _items(call: Any, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """A list's items, read in pages of ``LIST_PAGE`` (one consistent snapshot): a caller that
+    reduces each item as it comes never holds a 5,000-pod list's JSON and objects at once."""
+    token = ""
+    while True:
+        page = {"limit": LIST_PAGE, **({"_continue": token} if token else {})}
+        data = _raw(call, *args, **page, **kwargs) or {}
+        yield from data.get("items") or []
+        token = (data.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return
 
 
 def _time(text: str | None) -> datetime | None:
@@ -164,7 +179,7 @@ class Observer:
         nodes = tuple(
             self.cache.nodes()
             if self.cache is not None
-            else (node_view(n) for n in self._list(self.core.list_node))
+            else (node_view(n) for n in _items(self.core.list_node))
         )
         backup = self._object(reads.backup)
         annotations = policy.metadata.get("annotations") or {}
@@ -210,8 +225,7 @@ class Observer:
         return {key: ip} if ip and ip != "None" else {}
 
     def _list(self, call: Any, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
-        data = _raw(call, *args, **kwargs)
-        return list((data or {}).get("items") or [])
+        return list(_items(call, *args, **kwargs))
 
     def _pods(self, ns: str, source: Object | None, target: Object | None) -> tuple[ProxyPod, ...]:
         owners: dict[str, ProxyKind] = {}
@@ -232,7 +246,7 @@ class Observer:
                     pods[record.name] = _from_record(record, owner)
             return tuple(pods.values())
         for selector in selectors:
-            for pod in self._list(self.core.list_namespaced_pod, ns, label_selector=selector):
+            for pod in _items(self.core.list_namespaced_pod, ns, label_selector=selector):
                 for ref in pod["metadata"].get("ownerReferences") or []:
                     owner = owners.get(ref.get("uid", ""))
                     if owner is not None and ref.get("controller"):
@@ -325,12 +339,19 @@ class Observer:
                 if d["metadata"]["name"] in CNI_DAEMON_SETS
             }
         )
-        static = [
-            p["metadata"]["name"]
-            for p in self._list(self.core.list_namespaced_pod, ref.namespace)
-            if p["metadata"]["name"].startswith(f"{ref.daemon_set}-")
-            and "kubernetes.io/config.mirror" in (p["metadata"].get("annotations") or {})
-        ]
+        # Static kube-proxy pods show as mirror pods. From the pod cache where there is one
+        # (it holds the namespace anyway); a list of kube-proxy's namespace is a pod a node
+        # (at 5,000 nodes, read whole, it was the operator's peak memory).
+        prefix = f"{ref.daemon_set}-"
+        if self.cache is not None:
+            static = [r.name for r in self.cache.pods(ref.namespace) if r.mirror]
+        else:
+            static = [
+                p["metadata"]["name"]
+                for p in _items(self.core.list_namespaced_pod, ref.namespace)
+                if MIRROR_ANNOTATION in (p["metadata"].get("annotations") or {})
+            ]
+        static = sorted(name for name in static if name.startswith(prefix))
         return ClusterFacts(
             kubernetes_version=version,
             services=self._count(self.core.list_service_for_all_namespaces),

@@ -191,14 +191,21 @@ def measure(
     baseline: Sequence[str],
     recorded_baseline: float | None,
     canary_window: int | None = None,
+    record_baseline: bool = False,
 ) -> Sample:
     """Query one check for both groups; any failure makes an Inconclusive sample, never a pass.
 
     ``canary_window`` is the canary's range clipped to its latest switch (``clipped_window``);
-    the baseline group never switched, so it keeps the whole window."""
+    the baseline group never switched, so it keeps the whole window. The baseline group is
+    asked when the check compares with it, and when ``record_baseline`` says the status has
+    no settled value of it yet (a check with absolute bounds too: the engine retries every
+    round until one is kept, and a round before the first move that Prometheus could not
+    answer must not leave the check without one for the whole run)."""
     label, window = analysis.prometheus.node_label, analysis.window_seconds
     clipped = canary_window or window
-    needs_baseline = check.max_ratio_to_baseline is not None or check.mann_whitney is not None
+    needs_baseline = (
+        check.max_ratio_to_baseline is not None or check.mann_whitney is not None or record_baseline
+    )
     try:
         canary_value = _single(
             prom.values(group_query(check, nodes=canary, node_label=label, window_seconds=clipped))
@@ -297,6 +304,7 @@ def run_round(
     since = (now - floor).total_seconds() if floor is not None else None
     window = clipped_window(analysis.window_seconds, since)
     recorded = policy.status.baseline.metrics if policy.status.baseline else {}
+    provisional = set(policy.status.baseline.provisional) if policy.status.baseline else set()
     outcomes: list[CheckOutcome] = []
     baseline_values: dict[str, float] = {}
     try:
@@ -331,6 +339,7 @@ def run_round(
                 baseline=baseline,
                 recorded_baseline=recorded.get(check.name),
                 canary_window=window,
+                record_baseline=check.name not in recorded or check.name in provisional,
             )
             if baseline and sample.baseline is not None:
                 baseline_values[check.name] = sample.baseline
