@@ -236,7 +236,8 @@ class Telemetry:
             "proxymode_look_cpu_seconds",
             "The CPU time one look's own thread spent, every part but act: the look's work"
             " without its waits (on the API server, Prometheus, or a busy machine's other"
-            " processes and the operator's watch threads). Beside"
+            " processes and the operator's watch threads). Work a look hands to helper"
+            " threads (re-reading nodes it wrote, side by side) counts as waiting. Beside"
             " proxymode_look_own_duration_seconds it says how much of a slow look was waiting.",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,

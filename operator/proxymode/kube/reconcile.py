@@ -361,15 +361,16 @@ class Reconciler:
         """Merge-patch the status subresource; ``None`` values clear fields the engine dropped.
 
         Nothing is sent when the merge would change nothing: an idle policy's look writes
-        nothing (and so wakes no watcher of policies, the operator's own included). Otherwise
-        only the fields the merge changes are sent, so a look that moves a few nodes does not
-        send back every stage's node list unchanged (at 5,000 nodes the status is ~170 KiB),
-        and the server's answer, the whole policy, is not decoded. False: the policy is gone
-        (404).
+        nothing (and so wakes no watcher of policies, the operator's own included). When
+        something changed, the whole status goes, not only the changed fields: a write that
+        landed between this look's GET and its patch (a second replica's cancelled look, a
+        person's edit of the subresource) is then replaced by one look's whole decision,
+        never mixed with it field by field into a status no look decided. The server's
+        answer, the whole policy (~170 KiB at 5,000 nodes), is read but not decoded. False:
+        the policy is gone (404).
         """
         current = body.get("status") or {}
-        changed = _changed_fields(current, status)
-        if not changed:
+        if _merged(current, status) == current:
             self.status_unchanged += 1
             return True
         self.status_patches += 1
@@ -379,13 +380,13 @@ class Reconciler:
                 models.VERSION,
                 models.PLURAL,
                 name,
-                {"status": changed},
+                {"status": status},
                 _preload_content=False,
             )
             # The raw response (``_preload_content=False``): read to its end, not decoded.
-            assert isinstance(answer, HTTPResponse)
-            answer.drain_conn()
-            answer.release_conn()
+            if isinstance(answer, HTTPResponse):
+                answer.drain_conn()
+                answer.release_conn()
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -435,21 +436,6 @@ def _merged(current: Any, patch: Any) -> Any:
         else:
             out[key] = _merged(out.get(key), value)
     return out
-
-
-def _changed_fields(current: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
-    """The top-level fields of ``status`` whose merge into ``current`` changes them: merged
-    alone they give what merging all of ``status`` gives (a field left out of a merge patch
-    is left as it is)."""
-    return {
-        key: value
-        for key, value in status.items()
-        if (
-            key in current
-            if value is None
-            else _merged(current.get(key), value) != current.get(key)
-        )
-    }
 
 
 def _without_nulls(value: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 from proxymode.__main__ import seniority
 from proxymode.kube.cache import job_record, pod_record
-from proxymode.kube.reconcile import _changed_fields, _merged
+from proxymode.kube.reconcile import _merged
 from proxymode.kube.wakeups import Wakeups, policy_key
 from proxymode.kube.watched import _backoff
 
@@ -20,33 +20,6 @@ def test_merge_patch_semantics_decide_whether_anything_changed() -> None:
     assert _merged(current, {"message": None}) == current  # clearing an absent field: no change
     assert _merged(current, {"baseline": {"y": None}}) == {**current, "baseline": {"x": 1}}
     assert _merged(current, {"stages": []})["stages"] == []  # a list is replaced, not merged
-
-
-def test_only_the_fields_a_merge_changes_are_sent_and_they_merge_to_the_same_status() -> None:
-    """A look that moves a node sends its stage and its moves, not every stage's node list
-    again; what is sent merges into the stored status exactly as the whole status would."""
-    current = {
-        "phase": "Progressing",
-        "stages": [{"name": "a", "nodes": ["n1", "n2"], "moved": ["n1"]}],
-        "moves": [{"node": "n2", "direction": "Forward"}],
-        "baseline": {"x": 1, "y": 2},
-        "message": "moving",
-    }
-    cases = [
-        {**current, "message": "moving"},  # nothing
-        {"phase": "Progressing", "stages": current["stages"], "moves": [], "message": None},
-        {**current, "baseline": {"x": 1, "y": None}, "history": [{"reason": "R", "stage": None}]},
-        {**current, "stages": [{"name": "a", "nodes": ["n1", "n2"], "moved": ["n1", "n2"]}]},
-        {"paused": None, "message": None},  # clearing an absent field changes nothing
-    ]
-    for status in cases:
-        sent = _changed_fields(current, status)
-        assert _merged(current, sent) == _merged(current, status)
-        assert all(_merged(current.get(k), v) != current.get(k) for k, v in sent.items() if v)
-    assert _changed_fields(current, cases[0]) == {}
-    assert _changed_fields(current, cases[1]) == {"moves": [], "message": None}
-    assert set(_changed_fields(current, cases[3])) == {"stages"}
-    assert _changed_fields(current, cases[4]) == {"message": None}
 
 
 def _policy(generation: int, action: str | None = None, deleting: bool = False) -> dict[str, Any]:
