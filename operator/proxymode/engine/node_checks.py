@@ -64,7 +64,8 @@ def hand_labelled(look: Look) -> list[str]:
         n
         for s in look.status.stages
         if s.phase != StagePhase.PENDING and s.moved is not None
+        for moved in (set(s.moved),)
         for n in s.nodes
-        if n not in s.moved
+        if n not in moved
     ]
     return [n for n in pending + unmoved if n not in moving and look.at_target(n)]

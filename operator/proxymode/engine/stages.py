@@ -7,6 +7,8 @@ edit is adopted on resume without forgetting what already moved.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from proxymode.api.models import (
     AnalysisStatus,
     Phase,
@@ -18,6 +20,7 @@ from proxymode.api.models import (
 )
 from proxymode.api.reasons import EventReason
 from proxymode.engine.look import Look
+from proxymode.engine.observed import NodeView
 from proxymode.engine.planner import PlanNode, plan_hash, plan_stages, selector_matches
 from proxymode.engine.preflight import KERNEL_TOO_OLD, eligible_nodes
 from proxymode.kubeproxy import kernel_supports
@@ -41,21 +44,25 @@ def excluded(preflight: Preflight | None) -> set[str]:
     }
 
 
-def eligible(look: Look) -> list[PlanNode]:
+def eligible(look: Look, candidates: Sequence[NodeView] | None = None) -> list[PlanNode]:
     """The nodes the plan may use: preflight's eligible nodes, minus those it left out and
-    any node (a newcomer preflight never saw) whose kernel cannot run the target mode."""
+    any node (a newcomer preflight never saw) whose kernel cannot run the target mode.
+    ``candidates``: ``eligible_nodes`` already worked out for this look (5,000 nodes' worth
+    of affinity terms is not worked out twice)."""
     source = look.obs.source_daemon_set
     if source is None:
         return []
     left_out = excluded(look.status.preflight)
+    if candidates is None:
+        candidates = eligible_nodes(look.spec, source, look.obs.nodes)
     return [
         PlanNode(n.name, n.labels, n.zone)
-        for n in eligible_nodes(look.spec, source, look.obs.nodes)
+        for n in candidates
         if n.name not in left_out and kernel_supports(look.target_mode, n.kernel) is not False
     ]
 
 
-def _leave_out_old_kernels(look: Look) -> None:
+def _leave_out_old_kernels(look: Look, candidates: Sequence[NodeView]) -> None:
     """A node that joined on a kernel the target mode cannot run is left out, as preflight
     leaves such nodes out: recorded in ``excludedNodes`` (said once) with a Warning."""
     source = look.obs.source_daemon_set
@@ -63,7 +70,7 @@ def _leave_out_old_kernels(look: Look) -> None:
     if source is None or preflight is None:
         return
     left_out = excluded(preflight)
-    for n in eligible_nodes(look.spec, source, look.obs.nodes):
+    for n in candidates:
         if n.name in left_out or kernel_supports(look.target_mode, n.kernel) is not False:
             continue
         left_out.add(n.name)
@@ -86,9 +93,11 @@ def refresh_plan(look: Look) -> None:
     present = {n.name for n in look.obs.nodes}
     for stage in look.status.stages:
         stage.nodes = [n for n in stage.nodes if n in present]
-    _leave_out_old_kernels(look)
+    source = look.obs.source_daemon_set
+    candidates = [] if source is None else eligible_nodes(look.spec, source, look.obs.nodes)
+    _leave_out_old_kernels(look, candidates)
     planned = set(look.planned())
-    for node in eligible(look):
+    for node in eligible(look, candidates):
         if node.name in planned:
             continue
         for spec_stage, stage in zip(look.spec.stages, look.status.stages, strict=False):

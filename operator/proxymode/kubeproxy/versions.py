@@ -17,6 +17,7 @@ Everything is pure: versions come in as strings (node info, image tags) and go o
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -253,6 +254,7 @@ def minimum_kernel(mode: str) -> tuple[int, int] | None:
     return (5, 13) if normalize_mode(mode) == NFTABLES else None
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_kernel_version(text: str | None) -> tuple[int, int] | None:
     """``(major, minor)`` from a node's ``kernelVersion`` such as ``6.1.0-28-cloud-amd64``.
 

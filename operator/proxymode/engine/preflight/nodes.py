@@ -9,6 +9,7 @@ pod template's ``nodeSelector`` and required node affinity, ignoring the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from proxymode.api.models import Finding, IncompatibleNodes, PolicySpec, Severity
@@ -51,11 +52,13 @@ def scheduled_by(daemon_set: Mapping[str, Any], nodes: Sequence[NodeView]) -> li
     pod_spec = get_mapping(daemon_set, "spec", "template", "spec")
     node_selector = get_mapping(pod_spec, "nodeSelector")
     terms = required_terms(pod_spec)
+    # Read once, then applied to every node (a look at 5,000 nodes does this each time).
+    compiled = None if terms is None else [Term.of(t) for t in terms]
     return [
         node
         for node in nodes
         if all(node.labels.get(k) == v for k, v in node_selector.items())
-        and terms_match(terms, node)
+        and terms_match(compiled, node)
     ]
 
 
@@ -68,7 +71,32 @@ def required_terms(pod_spec: Mapping[str, Any]) -> list[Mapping[str, Any]] | Non
     return terms or None
 
 
-def terms_match(terms: list[Mapping[str, Any]] | None, node: NodeView) -> bool:
+Requirement = tuple[str, str, tuple[str, ...]]
+"""One core/v1 NodeSelectorRequirement: (operator, key, values)."""
+
+
+@dataclass(frozen=True)
+class Term:
+    """One nodeSelectorTerm as read from the DaemonSet's JSON: its label requirements
+    without the operator's own ``proxymode.io/mode`` ones, its field requirements, and
+    whether it was empty as written."""
+
+    labels: tuple[Requirement, ...]
+    fields: tuple[Requirement, ...]
+    empty: bool
+
+    @staticmethod
+    def of(term: Mapping[str, Any]) -> Term:
+        expressions = [e for e in get_list(term.get("matchExpressions")) if isinstance(e, Mapping)]
+        fields = [f for f in get_list(term.get("matchFields")) if isinstance(f, Mapping)]
+        return Term(
+            labels=tuple(_requirement(e) for e in expressions if e.get("key") != MODE_LABEL),
+            fields=tuple(_requirement(f) for f in fields),
+            empty=not expressions and not fields,
+        )
+
+
+def terms_match(terms: Sequence[Term] | None, node: NodeView) -> bool:
     """Terms are ORed; a term's expressions and fields are ANDed (core/v1 NodeSelector).
 
     An empty term matches nothing, as in Kubernetes, except when it was made empty by
@@ -80,15 +108,13 @@ def terms_match(terms: list[Mapping[str, Any]] | None, node: NodeView) -> bool:
     return any(term_matches(term, node) for term in terms)
 
 
-def term_matches(term: Mapping[str, Any], node: NodeView) -> bool:
-    expressions = [e for e in get_list(term.get("matchExpressions")) if isinstance(e, Mapping)]
-    fields = [f for f in get_list(term.get("matchFields")) if isinstance(f, Mapping)]
-    kept = [e for e in expressions if e.get("key") != MODE_LABEL]
-    if not expressions and not fields:
+def term_matches(term: Term, node: NodeView) -> bool:
+    if term.empty:
         return False
-    labels_hold = all(_holds(e, node.labels) for e in kept)
-    fields_hold = all(_holds(f, {"metadata.name": node.name}) for f in fields)
-    return labels_hold and fields_hold
+    name = {"metadata.name": node.name}
+    return all(requirement_holds(o, k, v, node.labels) for o, k, v in term.labels) and all(
+        requirement_holds(o, k, v, name) for o, k, v in term.fields
+    )
 
 
 def split_kernels(
@@ -253,11 +279,10 @@ def _control_plane(
     return findings
 
 
-def _holds(requirement: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+def _requirement(requirement: Mapping[str, Any]) -> Requirement:
     """One core/v1 NodeSelectorRequirement, read leniently from the DaemonSet's JSON."""
-    return requirement_holds(
+    return (
         str(requirement.get("operator")),
         get_str(requirement.get("key")) or "",
-        [str(v) for v in get_list(requirement.get("values"))],
-        labels,
+        tuple(str(v) for v in get_list(requirement.get("values"))),
     )
