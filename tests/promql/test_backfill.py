@@ -341,3 +341,30 @@ def test_a_check_with_absolute_bounds_asks_the_baseline_only_while_none_is_kept(
         recorded_baseline=0.3, record_baseline=False,
     )  # fmt: skip
     assert kept.baseline == 0.3 and len(at.asked) == 1, at.asked
+
+
+def test_a_baseline_asked_only_to_record_it_never_costs_the_canarys_verdict(
+    prom: Prometheus,
+) -> None:
+    """When the baseline group's query fails (a 5,000-node matcher timing out), an absolute
+    check still gets its canary value and so its verdict; the baseline is left for a later
+    round."""
+    check = SYNC_LATENCY.check
+    analysis = Analysis(prometheus=PrometheusSource(url=prom.url), checks=[check])
+
+    class BaselineFails(_AtEvalTime):
+        def values(self, query: str, at: float | None = None) -> Rows:
+            if "b1|b2|b3" in query:  # the baseline group's matcher
+                self.asked.append(query)
+                raise TimeoutError("read timed out")
+            return super().values(query, at)
+
+    failing = BaselineFails(prom)
+    assert _group(check, BASELINE_NODES) != _group(check, CANARY_NODES)
+    sample = measure(
+        failing, check, analysis, canary=CANARY_NODES, baseline=BASELINE_NODES,
+        recorded_baseline=None, record_baseline=True,
+    )  # fmt: skip
+    assert sample.canary == pytest.approx(SYNC_LATENCY.canary, rel=1e-9), sample
+    assert sample.baseline is None and not sample.error
+    assert len(failing.asked) == 2, "the baseline was asked (and failed) and the canary too"

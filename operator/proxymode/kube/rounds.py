@@ -203,9 +203,11 @@ def measure(
     answer must not leave the check without one for the whole run)."""
     label, window = analysis.prometheus.node_label, analysis.window_seconds
     clipped = canary_window or window
-    needs_baseline = (
-        check.max_ratio_to_baseline is not None or check.mann_whitney is not None or record_baseline
-    )
+    needs_baseline = check.max_ratio_to_baseline is not None or check.mann_whitney is not None
+    if baseline and record_baseline and not needs_baseline:
+        # Asked only to record it: on its own, so a baseline query Prometheus cannot answer
+        # never costs the canary's verdict (recorded on a later round instead).
+        recorded_baseline = _baseline_only(prom, check, analysis, baseline)
     try:
         canary_value = _single(
             prom.values(group_query(check, nodes=canary, node_label=label, window_seconds=clipped))
@@ -253,9 +255,12 @@ def _baseline_only(
         check, nodes=baseline, node_label=label, window_seconds=analysis.window_seconds
     )
     try:
-        return _single(prom.values(query))
+        value = _single(prom.values(query))
     except Exception:  # recorded on a later round instead
         return None
+    # An infinite value (a quantile above the top bucket) is no baseline, and JSON cannot
+    # carry it into the status.
+    return value if value is not None and math.isfinite(value) else None
 
 
 COVERAGE_METRIC = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
