@@ -204,15 +204,16 @@ def measure(
     label, window = analysis.prometheus.node_label, analysis.window_seconds
     clipped = canary_window or window
     needs_baseline = check.max_ratio_to_baseline is not None or check.mann_whitney is not None
+    baseline_value = recorded_baseline
     if baseline and record_baseline and not needs_baseline:
         # Asked only to record it: on its own, so a baseline query Prometheus cannot answer
-        # never costs the canary's verdict (recorded on a later round instead).
-        recorded_baseline = _baseline_only(prom, check, analysis, baseline)
+        # never costs the canary's verdict. None then, not the value held: a provisional
+        # one handed back would be kept as if measured (recorded on a later round instead).
+        baseline_value = _baseline_only(prom, check, analysis, baseline)
     try:
         canary_value = _single(
             prom.values(group_query(check, nodes=canary, node_label=label, window_seconds=clipped))
         )
-        baseline_value = recorded_baseline
         if baseline and needs_baseline:
             baseline_value = _single(
                 prom.values(
