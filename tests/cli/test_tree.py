@@ -119,6 +119,27 @@ def test_tree_shows_stages_nodes_moves_checks_findings_and_events_in_order() -> 
     assert "StageStarted" in events[1] and "5s" in events[1]
 
 
+def test_columns_widen_for_long_check_stage_and_node_names() -> None:
+    """A check named longer than the column (``sync-latency-vs-iptables``) keeps its row's
+    values under their headers, as do a long stage and node name."""
+    p = policy()
+    p["status"]["analysis"]["checks"][1]["name"] = "sync-latency-vs-iptables"
+    p["spec"]["analysis"]["checks"][1]["name"] = "sync-latency-vs-iptables"
+    p["status"]["stages"][2]["name"] = "everything-else-after"
+    p["status"]["stages"][2]["nodes"] = ["ip-10-0-12-34.eu-west-1.compute.internal"]
+    nodes = [*NODES, node("ip-10-0-12-34.eu-west-1.compute.internal", "zone-a")]
+    lines = tree.render(tree.view(p, nodes, [], NOW), NOW).splitlines()
+    header = next(line for line in lines if line.strip().startswith("NAME"))
+    for name in ("sync-p99", "sync-latency-vs-iptables"):
+        row = next(line for line in lines if line.strip().startswith(name))
+        assert row.index("<=") == header.index("THRESHOLD"), (header, row)
+    rows = [line for line in lines if line[4:6] in {f"{m} " for m in tree.STAGE_MARK.values()}]
+    assert len(rows) == 3, lines
+    assert len({line.index(line.split()[3]) for line in rows}) == 1, rows
+    leaves = [line for line in lines if "zone-" in line]
+    assert len({line.index("zone-") for line in leaves}) == 1, leaves
+
+
 def test_view_is_plain_json() -> None:
     v = tree.view(policy(), NODES, EVENTS, NOW)
     again = json.loads(json.dumps(v))

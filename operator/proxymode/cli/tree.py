@@ -292,6 +292,8 @@ def render(v: Mapping[str, Any], now: datetime) -> str:
 
 def _stages(stages: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
     out = ["Stages"]
+    wide = max(12, *(len(st["name"]) for st in stages)) if stages else 12
+    named = max([22, *(len(n["name"]) for st in stages for n in st["nodes"])])
     for i, st in enumerate(stages):
         last = i == len(stages) - 1
         branch, stem = ("└── ", "    ") if last else ("├── ", "│   ")
@@ -301,27 +303,31 @@ def _stages(stages: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
         baked = parse_time(st.get("bakedSince"))
         if st["phase"] == "Baking" and baked is not None:
             note = f"   baking for {age(baked, now)}"
-        out.append(f"{branch}{mark} {st['name']:<12} {st['phase']:<12} {count:>5}{note}")
+        out.append(f"{branch}{mark} {st['name']:<{wide}} {st['phase']:<12} {count:>5}{note}")
         for j, n in enumerate(st["nodes"]):
             twig = "└── " if j == len(st["nodes"]) - 1 else "├── "
-            out.append(f"{stem}{twig}{n['name']:<22} {n['zone']:<8} {n['mode']:<10} {n['step']}")
+            row = f"{n['name']:<{named}} {n['zone']:<8} {n['mode']:<10} {n['step']}"
+            out.append(f"{stem}{twig}{row}")
     return out
 
 
 def _checks(analysis: Mapping[str, Any]) -> list[str]:
     if not analysis.get("checks"):
         return []
+    # Padded to the longest name and threshold, so a long check name keeps its row aligned.
+    wide = max(16, *(len(c["name"]) for c in analysis["checks"]))
+    limit = max(24, *(len(c["threshold"]) for c in analysis["checks"]))
     out = [
         "",
         f"Checks   round {analysis['rounds']}, {analysis['passingRounds']} passing,"
         f" {analysis['consecutiveFailures']} failing and"
         f" {analysis['consecutiveInconclusive']} without data in a row",
-        f"  {'NAME':<16} {'CANARY':>9} {'BASELINE':>9}  {'THRESHOLD':<24} VERDICT",
+        f"  {'NAME':<{wide}} {'CANARY':>9} {'BASELINE':>9}  {'THRESHOLD':<{limit}} VERDICT",
     ]
     for c in analysis["checks"]:
         out.append(
-            f"  {c['name']:<16} {_num(c['canary']):>9} {_num(c['baseline']):>9}"
-            f"  {c['threshold']:<24} {c['verdict']}"
+            f"  {c['name']:<{wide}} {_num(c['canary']):>9} {_num(c['baseline']):>9}"
+            f"  {c['threshold']:<{limit}} {c['verdict']}"
             + (f"  ({c['message']})" if c.get("message") and c["verdict"] != "Pass" else "")
         )
     return out
