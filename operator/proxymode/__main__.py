@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_address:
         proxymode.handlers.telemetry.serve(args.metrics_address)
     kopf.configure(verbose=args.verbose)
+    if args.peering is not None:
+        proxymode.handlers.ensure_peering(args.peering)
     settings = kopf.OperatorSettings()
     settings.peering.lifetime = max(2, args.peering_lifetime)
     settings.peering.stealth = True  # a keep-alive every few seconds is not news

@@ -28,6 +28,7 @@ from proxymode.api import models
 from proxymode.engine.actions import EmitEvent
 from proxymode.kube.cache import ClusterCache
 from proxymode.kube.counted import count_requests
+from proxymode.kube.peering import ensure_peering as _ensure_peering
 from proxymode.kube.reconcile import Reconciler
 from proxymode.kube.wakeups import Wakeups
 from proxymode.telemetry import Telemetry
@@ -61,6 +62,15 @@ def _api_client() -> client.ApiClient:
         )
     settings.connection_pool_maxsize = CONNECTIONS
     return client.ApiClient(settings)
+
+
+def ensure_peering(name: str) -> None:
+    """Before kopf starts: the peering object exists (``kube.peering``)."""
+    api = _api_client()
+    try:
+        _ensure_peering(api, name)
+    finally:
+        api.close()
 
 
 class _QuietWakeups(logging.Filter):

@@ -89,7 +89,7 @@ def test_rendered_crd_is_the_generated_one_plus_helm_metadata(bins: Path) -> Non
     unkept = _policy_crd(render(bins, set_values=["crds.keep=false"]))
     assert "helm.sh/resource-policy" not in (unkept["metadata"].get("annotations") or {})
     # crds.enabled leaves the ProxyModePolicy CRD out; kopf's peering CRD has its own switch
-    # (peering.createCRD), because the chart also renders a ClusterKopfPeering that needs it.
+    # (peering.createCRD): the peering needs it whether or not the chart installs ours.
     left = by_kind(render(bins, set_values=["crds.enabled=false"]), "CustomResourceDefinition")
     assert [c["metadata"]["name"] for c in left] == ["clusterkopfpeerings.kopf.dev"]
     assert (
@@ -206,8 +206,8 @@ def test_cluster_role_is_exactly_what_the_operator_uses(bins: Path) -> None:
         ("apps", "daemonsets"): {"list"},
         ("", "services"): {"list", "get"},  # get: the ClusterIP of spec.verify.service
         ("discovery.k8s.io", "endpointslices"): {"list"},
-        # Peering, on by default (the two replicas' keep-alives).
-        ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"},
+        # Peering, on by default (the two replicas' keep-alives; create: the object when missing).
+        ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch", "create"},
     }
 
 
@@ -285,19 +285,19 @@ def test_secrets_only_by_name_in_the_release_namespace(bins: Path) -> None:
 def test_peering_is_on_by_default_and_brings_its_own_rbac(bins: Path) -> None:
     off = render(bins, set_values=["peering.enabled=false", "replicaCount=1"])
     assert not [k for k in _grants(_rules(off)) if k[0] in {"kopf.dev", "zalando.org"}]
-    assert by_kind(off, "ClusterKopfPeering") == []
+    assert by_kind(off, "ClusterKopfPeering") == []  # never rendered: the operator makes it
     (standalone,) = one(off, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert not [a for a in standalone["args"] if a.startswith("--peering")]
     for on in (render(bins), render(bins, CHART / "ci" / "peering-on-values.yaml")):
         grants = _grants(_rules(on))
-        assert grants[("kopf.dev", "clusterkopfpeerings")] == {"list", "watch", "patch"}
+        # create: the operator makes the peering object when it is missing; it is no Helm
+        # hook, which every upgrade and Argo CD sync would recreate empty (both replicas act).
+        assert grants[("kopf.dev", "clusterkopfpeerings")] == {"list", "watch", "patch", "create"}
+        assert by_kind(on, "ClusterKopfPeering") == []
         (container,) = one(on, "Deployment")["spec"]["template"]["spec"]["containers"]
         assert "--peering=proxymode" in container["args"]
         crds = {c["metadata"]["name"] for c in by_kind(on, "CustomResourceDefinition")}
         assert "clusterkopfpeerings.kopf.dev" in crds
-        peering = one(on, "ClusterKopfPeering")
-        assert peering["metadata"]["name"] == "proxymode"
-        assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
         assert one(on, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
 
 
@@ -324,7 +324,6 @@ def test_monitoring_objects_are_off_by_default(bins: Path) -> None:
     assert kinds == {
         "ServiceAccount",
         "CustomResourceDefinition",
-        "ClusterKopfPeering",
         "ClusterRole",
         "ClusterRoleBinding",
         "Role",

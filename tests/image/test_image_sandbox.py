@@ -13,7 +13,6 @@ pod itself on a real node, helm-installed, is tests/image/test_operator_pod.py.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import urllib.request
@@ -80,14 +79,11 @@ def operator_container(
          "-f", ROOT / "crds"])  # fmt: skip
     rendered = load_all(helm_template(bins).stdout)
     deployment = deployment_of(rendered)
-    # The chart runs the operator with --peering: its ClusterKopfPeering object must exist
-    # (without it kopf pauses and never acts), once the peering CRD from crds/ serves.
+    # The chart runs the operator with --peering: it creates its ClusterKopfPeering object
+    # itself (the chart renders none), once the peering CRD from crds/ serves.
     run([bins / "kubectl", f"--kubeconfig={sandbox.kubeconfig}", "wait", "--for",
          "condition=established", "--timeout=60s", "crd/clusterkopfpeerings.kopf.dev"])  # fmt: skip
-    peerings = [o for o in rendered if o and o.get("kind") == "ClusterKopfPeering"]
-    for peering in peerings:
-        run([bins / "kubectl", f"--kubeconfig={sandbox.kubeconfig}", "apply", "--server-side",
-             "-f", "-"], input=json.dumps(peering))  # fmt: skip
+    assert not [o for o in rendered if o and o.get("kind") == "ClusterKopfPeering"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     live, metrics = free_port(), free_port()
     args = [

@@ -120,13 +120,8 @@ def peers(
         ),
         what="the peering CRD to be Established",
     )
+    # No peering object: the first operator creates it (``kube.peering``), as in the chart.
     peering = f"ha-{uuid.uuid4().hex[:6]}"
-    custom.create_cluster_custom_object(
-        "kopf.dev",
-        "v1",
-        "clusterkopfpeerings",
-        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}},
-    )
     sandbox.stop_operator()
     made = Peers(sandbox, peering, tmp_path, custom)
     try:
@@ -136,12 +131,23 @@ def peers(
         for peer in made.started:
             print(f"--- {peer.name} (last 1500 chars) ---\n{peer.log.read_text()[-1500:]}")
         sandbox.start_operator()
-        custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)
+        try:
+            custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
 
 def _healthy(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback only
         return bool(response.status == 200)
+
+
+def _peering_uid(peers: Peers) -> str:
+    body = peers.custom.get_cluster_custom_object(
+        "kopf.dev", "v1", "clusterkopfpeerings", peers.peering
+    )
+    return str(body["metadata"]["uid"])
 
 
 def _keepalives(peers: Peers) -> set[str]:
@@ -157,8 +163,12 @@ def test_one_of_two_peered_operators_acts_and_the_other_takes_over_after_a_crash
     core = client.CoreV1Api(api)
     first = peers.start("operator-a")
     eventually(lambda: "operator-a" in _keepalives(peers), what="operator-a's keep-alive")
+    made = _peering_uid(peers)  # operator-a created the missing peering object
     second = peers.start("operator-b")
     eventually(lambda: "operator-b" in _keepalives(peers), what="operator-b's keep-alive")
+    # operator-b found it and left it as it was: operator-a's keep-alive is still in it.
+    assert _peering_uid(peers) == made
+    assert {"operator-a", "operator-b"} <= _keepalives(peers)
 
     name = policies.create(proxy.namespace)
     # The first stage moved and is baking: the senior operator acted, the junior did not.
