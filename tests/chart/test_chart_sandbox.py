@@ -478,6 +478,7 @@ RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
         ("patch", "proxymodepolicies.proxymode.io/status", "", True),
         ("delete", "proxymodepolicies.proxymode.io", "", False),
         ("patch", "clusterkopfpeerings.kopf.dev", "", True),
+        ("create", "clusterkopfpeerings.kopf.dev", "", True),  # made when missing
         ("escalate", "clusterroles.rbac.authorization.k8s.io", "", False),
     ],
     ids=lambda c: f"{c[0]}-{c[1]}-{c[2] or 'cluster'}",
