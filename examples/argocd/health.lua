@@ -7,6 +7,10 @@
 --
 -- The first rule that applies wins:
 --
+-- 0. A condition Degraded True with reason Forbidden for this generation: Degraded. The
+--    API server refused a read the policy needs (RBAC: a kubeProxy.namespace the chart did
+--    not grant); the operator acts on nothing until access is granted or the spec changes,
+--    and no look sets observedGeneration meanwhile, so rule 1 alone would wait forever.
 -- 1. No status, or status.observedGeneration below metadata.generation: Progressing.
 --    The status then describes an older spec, so nothing else in it is evidence yet.
 -- 2. RollingBack: Progressing when a person asked for it (rollbackReason Aborted, Retry or
@@ -19,6 +23,7 @@
 --    kube-proxy that is unhealthy now (also in Completed, mixed mode).
 -- 4. By phase:
 --      Completed                                   Healthy (finalized or mixed mode)
+--      Pending with spec.paused true               Suspended: held before preflight
 --      Pending, Preflight, Progressing, Analyzing,
 --      Finalizing                                  Progressing
 --      Paused, pausedReason AnalysisFailed,
@@ -78,6 +83,26 @@ local function degraded_condition(conditions)
   return false
 end
 
+local function refused(conditions)
+  if type(conditions) ~= "table" then
+    return nil
+  end
+  for _, c in ipairs(conditions) do
+    if c.type == "Degraded" and c.status == "True" and c.reason == "Forbidden"
+        and (generation == nil or c.observedGeneration == generation) then
+      return c
+    end
+  end
+  return nil
+end
+
+local forbidden = status ~= nil and refused(status.conditions) or nil
+if forbidden ~= nil then
+  hs.status = "Degraded"
+  hs.message = status.message or forbidden.message or "Forbidden"
+  return hs
+end
+
 if status == nil or status.observedGeneration == nil
     or (generation ~= nil and status.observedGeneration < generation) then
   hs.status = "Progressing"
@@ -118,6 +143,9 @@ end
 if phase == "Completed" then
   hs.status = "Healthy"
   hs.message = message
+elseif phase == "Pending" and obj.spec ~= nil and obj.spec.paused == true then
+  hs.status = "Suspended"
+  hs.message = "paused (Spec): " .. message
 elseif IN_FLIGHT[phase] then
   hs.status = "Progressing"
   hs.message = message

@@ -36,7 +36,7 @@ HEADER = """\
 #
 # Only the two data keys below are ours. Server-side apply merges them into the
 # existing argocd-cm and leaves its other keys alone:
-#   kubectl apply --server-side --field-manager=proxymode -f argocd-cm-patch.yaml
+#   kubectl apply --server-side --field-manager=proxymode-argocd-config -f argocd-cm-patch.yaml
 """
 
 

@@ -402,6 +402,15 @@ def test_operator_under_chart_rbac_migrates_and_releases_with_no_forbidden(
         assert "kube-system" in said and "forbidden" in said, said
         status = custom.get_cluster_custom_object(G, V, P, outside)["status"]
         assert status.get("phase", "Pending") == "Pending", status
+        # Degraded for this generation, before any look could set observedGeneration (what
+        # Argo CD's health script and `kubectl wait --for=condition=Degraded` read).
+        (flag,) = [c for c in status["conditions"] if c["type"] == "Degraded"]
+        assert (flag["status"], flag["reason"], flag["observedGeneration"]) == (
+            "True",
+            "Forbidden",
+            1,
+        ), flag
+        assert "observedGeneration" not in status, status
         ds = client.AppsV1Api(api).read_namespaced_daemon_set("kube-proxy", "kube-system")
         assert "proxymode.io/mode" not in str(ds.spec.template.spec.affinity), "untouched"
         warnings = [

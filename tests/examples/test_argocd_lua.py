@@ -35,6 +35,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from proxymode.api.models import GROUP, KIND, VERSION, Phase, PolicySpec, ProxyModePolicy
+from proxymode.engine import summary
 from proxymode.engine.actions import ClearAction, Decision, EmitEvent
 from proxymode.engine.machine import advance
 from proxymode.engine.observed import ACTION_ANNOTATION, AnalysisRound, CheckOutcome, ClusterFacts
@@ -289,6 +290,8 @@ HAND_MADE = {
     "Paused/FinalizeStuck": "needs a move that fails during handback",
     "DegradedCondition": "a Degraded condition in a phase the engine never flags",
     "UnknownPhase": "a phase from a newer operator",
+    "Forbidden": "the adapter's refused read (engine.summary.refused): RBAC refused a look",
+    "Forbidden/SpecEdited": "a refused policy whose spec was edited since (no look yet)",
 }
 
 
@@ -376,6 +379,17 @@ def samples() -> dict[str, Sample]:
             condition.update(status="True", reason="RollbackOrFailure")
     out["DegradedCondition"] = flagged
     out["UnknownPhase"] = _hand_made(out["Completed"], phase="Hibernating")
+    held_back = World.start({"canary": 1, "general": 2}, paused=True)
+    out["Pending/Paused"] = _genuine(held_back.until(lambda p: p.status.observed_generation == 1))
+    # A new policy whose kube-proxy namespace the chart did not grant: the adapter's status.
+    said = "not allowed to read what this policy needs: daemonsets.apps is forbidden"
+    denied = summary.refused(ProxyModePolicy.model_validate(no_status).status, said, 1, T0)
+    out["Forbidden"] = Sample(
+        {**no_status, "status": _prune_nulls(denied.model_dump(by_alias=True, mode="json"))}
+    )
+    edited = copy.deepcopy(out["Forbidden"].obj)
+    edited["metadata"]["generation"] = 2
+    out["Forbidden/SpecEdited"] = Sample(edited)
     assert set(HAND_MADE) <= set(out)
     return out
 
@@ -438,6 +452,9 @@ HEALTH = {
     "Failed/PreflightFailed": "Degraded",
     "DegradedCondition": "Degraded",
     "UnknownPhase": "Unknown",
+    "Pending/Paused": "Suspended",
+    "Forbidden": "Degraded",
+    "Forbidden/SpecEdited": "Progressing",
 }
 
 
@@ -451,11 +468,13 @@ def test_health(lua: ArgoLua, name: str) -> None:
     hs = lua.health(sample.obj)
     assert hs["status"] == HEALTH[name], hs
     status = sample.obj.get("status")
-    if status is None or name == "StaleGeneration":
+    if status is None or name in ("StaleGeneration", "Forbidden/SpecEdited"):
         generation = sample.obj["metadata"]["generation"]
         assert hs["message"] == f"waiting for the operator to observe generation {generation}"
     elif status["phase"] == "Paused":
         assert hs["message"] == f"paused ({status['pausedReason']}): {status['message']}"
+    elif name == "Pending/Paused":
+        assert hs["message"] == f"paused (Spec): {status['message']}"
     elif name == "UnknownPhase":
         assert hs["message"] == f"unknown phase Hibernating: {status['message']}"
     else:
@@ -528,6 +547,9 @@ ENABLED = {
     "Failed/PreflightFailed": {"retry"},
     "DegradedCondition": set(),
     "UnknownPhase": {"abort"},
+    "Pending/Paused": {"resume", "abort"},
+    "Forbidden": {"pause", "abort"},
+    "Forbidden/SpecEdited": {"pause", "abort"},
 }
 
 

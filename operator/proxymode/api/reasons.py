@@ -127,6 +127,8 @@ class EventReason(StrEnum):
 
 
 class ConditionReason(StrEnum):
+    FORBIDDEN = "Forbidden"
+    """Degraded: the API server refused a read the policy needs (RBAC); nothing was acted on."""
     HEALTHY = "Healthy"
     NOT_PAUSED = "NotPaused"
     NOT_ROLLED_BACK = "NotRolledBack"

@@ -8,7 +8,9 @@ is the code of what was seen, its message the detail.
 
 from __future__ import annotations
 
-from proxymode.api.models import Condition, Phase
+from datetime import datetime
+
+from proxymode.api.models import Condition, Phase, PolicyStatus
 from proxymode.api.reasons import ConditionReason, PauseReason
 from proxymode.engine.look import Look
 from proxymode.engine.node_checks import health_failure
@@ -105,3 +107,25 @@ def set_conditions(look: Look) -> None:
             )
         )
     st.conditions = result
+
+
+def refused(status: PolicyStatus, message: str, generation: int, now: datetime) -> PolicyStatus:
+    """The status of a look the API server refused to let read (RBAC: typically a
+    ``spec.kubeProxy.namespace`` the chart did not grant): ``message`` says what was refused,
+    and ``Degraded`` is True (reason ``Forbidden``) for this generation, so that Argo CD and
+    ``kubectl wait --for=condition=Degraded`` see it even before the first successful look
+    (which alone sets ``observedGeneration``). Nothing else changes: no look ran. The next
+    successful look derives every condition again."""
+    old = next((c for c in status.conditions if c.type == "Degraded"), None)
+    flagged = Condition(
+        type="Degraded",
+        status="True",
+        reason=str(ConditionReason.FORBIDDEN),
+        message=message,
+        last_transition_time=old.last_transition_time
+        if old is not None and old.status == "True"
+        else now,
+        observed_generation=generation,
+    )
+    others = [c for c in status.conditions if c.type != "Degraded"]
+    return status.model_copy(update={"message": message, "conditions": [*others, flagged]})

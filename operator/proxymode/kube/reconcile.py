@@ -30,6 +30,7 @@ from proxymode.engine.actions import Action, Decision, EmitEvent, SetNodeMode
 from proxymode.engine.machine import advance
 from proxymode.engine.observed import Observed
 from proxymode.engine.second_look import needs_second_look
+from proxymode.engine.summary import refused
 from proxymode.kube import object_cache, rounds, series
 from proxymode.kube.cache import ClusterCache
 from proxymode.kube.execute import Executor
@@ -193,7 +194,10 @@ class Reconciler:
                 )
             if policy.status.message != message:
                 self.events(body, EmitEvent(EventReason.FORBIDDEN, message, "Warning"))
-            self._store(name, {"message": message}, body)
+            generation = int(body["metadata"].get("generation") or 0)
+            held = refused(policy.status, message, generation, now)
+            conditions = held.model_dump(by_alias=True, mode="json")["conditions"]
+            self._store(name, {"message": message, "conditions": conditions}, body)
             # Still Pending: preflight never ran, so nothing was changed and a deleted
             # policy may go at once.
             return Outcome(
