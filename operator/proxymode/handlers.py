@@ -28,6 +28,7 @@ from proxymode.api import models
 from proxymode.engine.actions import EmitEvent
 from proxymode.kube.cache import ClusterCache
 from proxymode.kube.counted import count_requests
+from proxymode.kube.kubeconfig import kubectl_context
 from proxymode.kube.peering import ensure_peering as _ensure_peering
 from proxymode.kube.reconcile import Reconciler
 from proxymode.kube.wakeups import Wakeups
@@ -58,7 +59,9 @@ def _api_client() -> client.ApiClient:
         config.load_incluster_config(client_configuration=settings)
     except config.ConfigException:
         config.load_kube_config(
-            config_file=os.environ.get("KUBECONFIG"), client_configuration=settings
+            config_file=os.environ.get("KUBECONFIG"),
+            context=kubectl_context(),
+            client_configuration=settings,
         )
     settings.connection_pool_maxsize = CONNECTIONS
     return client.ApiClient(settings)

@@ -6,7 +6,10 @@ loopback port where nothing listens (a real refused connection, not a mock).
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +97,56 @@ def test_plan_refuses_two_policies_rather_than_planning_one(
     f.write_text(one % "a" + GOOD_SPEC + "---\n" + one % "b" + GOOD_SPEC)
     assert main(["plan", "-f", str(f)]) == 1
     assert "plan takes one" in _one_error_line(capsys)
+
+
+def test_plan_refuses_a_name_the_api_server_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CRD's CEL rule on the name's length, said as the API server says it."""
+    name = "a-very-long-policy-name-that-exceeds-forty-chars"
+    f = tmp_path / "policy.yaml"
+    head = f"apiVersion: proxymode.io/v1alpha1\nkind: ProxyModePolicy\nmetadata: {{name: {name}}}\n"
+    f.write_text(head + GOOD_SPEC)
+    assert main(["plan", "-f", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "metadata.name: the policy name must be at most 40 characters" in err, err
+
+
+def _kubeconfig(path: Path, name: str, port: int) -> Path:
+    path.write_text(
+        f"apiVersion: v1\nkind: Config\ncurrent-context: {name}\n"
+        f"clusters: [{{name: {name}, cluster: {{server: 'https://127.0.0.1:{port}',"
+        " insecure-skip-tls-verify: true}}]\n"
+        f"users: [{{name: {name}, user: {{token: t}}}}]\n"
+        f"contexts: [{{name: {name}, context: {{cluster: {name}, user: {name}}}}}]\n"
+    )
+    return path
+
+
+def _plugin(*args: str, kubeconfig: str) -> subprocess.CompletedProcess[str]:
+    """The plugin as kubectl runs it: a process of its own ($KUBECONFIG is read at import)."""
+    env = {**os.environ, "KUBECONFIG": kubeconfig}
+    return subprocess.run(
+        [sys.executable, "-m", "proxymode.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_several_kubeconfigs_use_the_context_kubectl_uses(tmp_path: Path) -> None:
+    """kubectl takes current-context from the first file that sets it; the Python client
+    took the last one's, so the plugin talked to another cluster than kubectl."""
+    first_port, second_port = _closed_port(), _closed_port()
+    first = _kubeconfig(tmp_path / "first", "first", first_port)
+    second = _kubeconfig(tmp_path / "second", "second", second_port)
+    files = f"{tmp_path / 'missing'}:{first}:{second}"
+    listed = _plugin("list", kubeconfig=files)
+    assert listed.returncode == 1, listed
+    assert f"port={first_port}" in listed.stderr, listed.stderr
+    assert str(second_port) not in listed.stderr, listed.stderr
+    chosen = _plugin("--context", "second", "list", kubeconfig=files)  # a flag still wins
+    assert f"port={second_port}" in chosen.stderr, chosen.stderr

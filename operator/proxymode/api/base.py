@@ -17,6 +17,8 @@ SINGULAR = "proxymodepolicy"
 SHORT_NAMES = ("pmp",)
 
 MAX_NAME = 63
+MAX_POLICY_NAME = 40
+"""A policy's name goes into the names of the objects it creates (the CRD's CEL rule)."""
 MAX_STAGES = 16
 MAX_CHECKS = 16
 MAX_NODES_IN_STATUS = 10000

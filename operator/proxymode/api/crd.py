@@ -22,6 +22,10 @@ from proxymode.api import models
 
 # Fields whose list semantics are not "atomic": conditions merge by type (metav1 convention).
 _MAP_LISTS = {"conditions": ["type"]}
+NAME_TOO_LONG = (
+    f"the policy name must be at most {models.MAX_POLICY_NAME} characters"
+    " (it names the objects it creates)"
+)
 # Whole-object rules: they need both spec and status, so they sit at the root of the schema.
 ROOT_RULES = [
     {
@@ -40,10 +44,8 @@ ROOT_RULES = [
         "fieldPath": ".spec.targetMode",
     },
     {
-        "rule": "self.metadata.name.size() <= 40",
-        "message": (
-            "the policy name must be at most 40 characters (it names the objects it creates)"
-        ),
+        "rule": f"self.metadata.name.size() <= {models.MAX_POLICY_NAME}",
+        "message": NAME_TOO_LONG,
     },
 ]
 _EXCLUSIVE = {"exclusiveMinimum": "minimum", "exclusiveMaximum": "maximum"}

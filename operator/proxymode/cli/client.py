@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from proxymode.api import models
 from proxymode.api.models import ProxyModePolicy
 from proxymode.engine.observed import ACTION_ANNOTATION, Observed
+from proxymode.kube.kubeconfig import kubectl_context
 from proxymode.kube.observe import Observer
 
 Obj = dict[str, Any]
@@ -59,7 +60,8 @@ class Cluster:
     def __init__(self, conn: Connection) -> None:
         try:
             self.api = config.new_client_from_config(  # type: ignore[no-untyped-call]
-                config_file=conn.kubeconfig, context=conn.context
+                config_file=conn.kubeconfig,
+                context=conn.context or kubectl_context(conn.kubeconfig),
             )
         except (config.ConfigException, OSError) as e:
             raise ClientError(f"cannot load the kubeconfig: {e}") from e

@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from proxymode.api import models
+from proxymode.api.crd import NAME_TOO_LONG
 from proxymode.api.models import ProxyModePolicy
 from proxymode.cli import planning
 from proxymode.cli.client import ClientError, Cluster
@@ -57,6 +58,9 @@ def load_policy(path: str) -> ProxyModePolicy:
             f"{path}: apiVersion {doc.get('apiVersion')!r} is not served; use {api_version}"
         )
     doc.pop("status", None)  # plan as a new run, whatever the file carries
+    name = str((doc.get("metadata") or {}).get("name") or "")
+    if len(name) > models.MAX_POLICY_NAME:  # the CRD's CEL rule, as the API server says it
+        raise ClientError(f"{path}: the policy is not valid:\n  metadata.name: {NAME_TOO_LONG}")
     try:
         return models.from_wire(doc)
     except ValidationError as e:
