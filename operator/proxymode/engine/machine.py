@@ -127,6 +127,11 @@ def _decision(look: Look) -> Decision:
     derive_summary(look)
     if any(not isinstance(a, EmitEvent) for a in look.actions):
         look.soon(2.0)  # look again soon to see what they did
+    if look.status.handled_action is not None:
+        # The action is stored as handled: the next look removes its annotation. Soon, not
+        # on an idle policy's minute: it would sit there (ignored, or even honoured) long
+        # enough for a person or Argo CD to think it was still pending.
+        look.soon(1.0)
     return Decision(
         status=look.status,
         actions=tuple(look.actions),

@@ -179,3 +179,19 @@ def test_a_promote_set_again_at_once_is_acted_on_not_swallowed() -> None:
     sim.action = "promote"  # before any look saw the first one gone
     run.step()
     assert run.policy.status.current_stage == 2, run.policy.status.message
+
+
+@pytest.mark.parametrize("where", sorted(SETUPS))
+def test_a_handled_action_is_removed_on_the_next_look_within_a_second(where: str) -> None:
+    """The look that acts on (or refuses) an action stores it as handled; the next look
+    removes the annotation. That next look comes within a second, not on an idle policy's
+    requeue (a minute): a review saw `resume` on a RolledBack policy still annotated 11 s
+    after the Warning, so a person or Argo CD would think it still pending."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    run = SETUPS[where](sim)
+    sim.action = "resume"
+    first = run.step(tick=False)
+    assert run.policy.status.handled_action == "resume"
+    assert first.requeue_seconds <= 1.0, (where, first.requeue_seconds)
+    run.step(tick=False)
+    assert sim.action is None, "removed by the next look"
