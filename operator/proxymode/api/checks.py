@@ -25,27 +25,42 @@ Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=DNS_LABEL
 
 
 class SecretKeyRef(ApiModel):
-    name: Annotated[str, Field(min_length=1, max_length=253)]
-    key: Annotated[str, Field(min_length=1, max_length=253)]
+    name: Annotated[str, Field(min_length=1, max_length=253)] = Field(
+        description="The Secret's name, in the operator's namespace."
+    )
+    key: Annotated[str, Field(min_length=1, max_length=253)] = Field(
+        description="The key in the Secret."
+    )
 
 
 class BasicAuth(ApiModel):
-    username: SecretKeyRef
-    password: SecretKeyRef
+    username: SecretKeyRef = Field(description="The Secret key holding the user name.")
+    password: SecretKeyRef = Field(description="The Secret key holding the password.")
 
 
 class PrometheusSource(ApiModel):
     """How to reach Prometheus. Secrets are read from the operator's namespace."""
 
-    url: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://")]
-    bearer_token: SecretKeyRef | None = None
-    basic_auth: BasicAuth | None = None
+    url: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://")] = Field(
+        description="Prometheus's base URL (http or https), e.g."
+        " http://prometheus-operated.monitoring:9090."
+    )
+    bearer_token: SecretKeyRef | None = Field(
+        default=None, description="A Secret key holding a bearer token sent with every query."
+    )
+    basic_auth: BasicAuth | None = Field(
+        default=None, description="Secret keys holding a user name and password."
+    )
     ca: SecretKeyRef | None = Field(default=None, description="PEM CA bundle to verify TLS.")
-    insecure_skip_verify: bool = False
+    insecure_skip_verify: bool = Field(
+        default=False, description="Do not verify Prometheus's TLS certificate (tests only)."
+    )
     node_label: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[a-zA-Z_]\w*$")] = (
         Field(default="instance", description="The series label that carries the node name.")
     )
-    timeout_seconds: Annotated[int, Field(ge=1, le=120)] = 10
+    timeout_seconds: Annotated[int, Field(ge=1, le=120)] = Field(
+        default=10, description="How long one query may take."
+    )
 
 
 class MannWhitney(ApiModel):
@@ -113,7 +128,7 @@ class Check(ApiModel):
         }
     )
 
-    name: Name
+    name: Name = Field(description="The check's name, unique in the policy (status, Events).")
     template: Template | None = None
     query: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
         default=None,
@@ -121,13 +136,24 @@ class Check(ApiModel):
         " mannWhitney also {{by_node}} in a by clause (the node label per node, empty for"
         " the group).",
     )
-    max_seconds: Annotated[float, Field(gt=0, le=3600)] | None = None
-    max_ratio: Annotated[float, Field(gt=0, le=1)] | None = None
+    max_seconds: Annotated[float, Field(gt=0, le=3600)] | None = Field(
+        default=None, description="Pass when the canary's value is at most this many seconds."
+    )
+    max_ratio: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        default=None, description="Pass when the canary's value (a ratio) is at most this."
+    )
     max_ratio_to_baseline: Annotated[float, Field(gt=0, le=100)] | None = Field(
         default=None, description="Fail when canary / baseline exceeds this."
     )
-    min: float | None = Field(default=None, ge=-1e12, le=1e12)
-    max: float | None = Field(default=None, ge=-1e12, le=1e12)
+    min: float | None = Field(
+        default=None,
+        ge=-1e12,
+        le=1e12,
+        description="Pass when the canary's value is at least this.",
+    )
+    max: float | None = Field(
+        default=None, ge=-1e12, le=1e12, description="Pass when the canary's value is at most this."
+    )
     mann_whitney: MannWhitney | None = Field(
         default=None,
         description="Also compare the canary's per-node values with the baseline's"
@@ -190,7 +216,9 @@ class Analysis(ApiModel):
     )
 
     prometheus: PrometheusSource
-    interval_seconds: Annotated[int, Field(ge=5, le=3600)] = 60
+    interval_seconds: Annotated[int, Field(ge=5, le=3600)] = Field(
+        default=60, description="Seconds between analysis rounds while a stage bakes."
+    )
     window_seconds: Annotated[int, Field(ge=10, le=86400)] = Field(
         default=300, description="The range each rate() and quantile looks back over."
     )
@@ -207,7 +235,9 @@ class Analysis(ApiModel):
         default=3, description="Passing rounds a stage needs before it may promote."
     )
     on_no_data: OnNoData = OnNoData.PAUSE
-    checks: Annotated[list[Check], Field(min_length=1, max_length=MAX_CHECKS)]
+    checks: Annotated[list[Check], Field(min_length=1, max_length=MAX_CHECKS)] = Field(
+        description="What every round measures; a stage completes only when all pass."
+    )
 
     @field_validator("checks")
     @classmethod

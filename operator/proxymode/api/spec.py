@@ -30,16 +30,24 @@ LabelValue = Annotated[str, Field(max_length=63)]
 
 
 class LabelSelectorRequirement(ApiModel):
-    key: LabelKey
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: Annotated[list[LabelValue], Field(max_length=64)] | None = None
+    key: LabelKey = Field(description="The node label the requirement is about.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
+        description="How the label's value relates to values."
+    )
+    values: Annotated[list[LabelValue], Field(max_length=64)] | None = Field(
+        default=None, description="The values for In and NotIn; empty for Exists, DoesNotExist."
+    )
 
 
 class LabelSelector(ApiModel):
     """A metav1.LabelSelector: matchLabels and matchExpressions, ANDed."""
 
-    match_labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=32)] | None = None
-    match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] | None = None
+    match_labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=32)] | None = Field(
+        default=None, description="Node labels that must all be equal to these values."
+    )
+    match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] | None = (
+        Field(default=None, description="Requirements on node labels; all must hold.")
+    )
 
     @property
     def empty(self) -> bool:
@@ -49,10 +57,19 @@ class LabelSelector(ApiModel):
 class KubeProxyRef(ApiModel):
     """Where the cluster's kube-proxy lives (kubeadm's names by default)."""
 
-    namespace: Name = "kube-system"
-    daemon_set: Annotated[str, Field(min_length=1, max_length=253)] = "kube-proxy"
-    config_map: Annotated[str, Field(min_length=1, max_length=253)] = "kube-proxy"
-    config_key: Annotated[str, Field(min_length=1, max_length=253)] = "config.conf"
+    namespace: Name = Field(
+        default="kube-system", description="The namespace of kube-proxy's DaemonSet and ConfigMap."
+    )
+    daemon_set: Annotated[str, Field(min_length=1, max_length=253)] = Field(
+        default="kube-proxy", description="The source kube-proxy DaemonSet's name."
+    )
+    config_map: Annotated[str, Field(min_length=1, max_length=253)] = Field(
+        default="kube-proxy", description="The ConfigMap holding kube-proxy's configuration."
+    )
+    config_key: Annotated[str, Field(min_length=1, max_length=253)] = Field(
+        default="config.conf",
+        description="The key in that ConfigMap with the KubeProxyConfiguration.",
+    )
 
 
 class Stage(ApiModel):
@@ -69,7 +86,7 @@ class Stage(ApiModel):
         }
     )
 
-    name: Name
+    name: Name = Field(description="The stage's name, unique in the policy (status and Events).")
     node_selector: LabelSelector | None = Field(
         default=None, description="Nodes this stage may move (e.g. the canary pool)."
     )
@@ -163,7 +180,10 @@ class PolicySpec(ApiModel):
     config_overrides: dict[str, Any] | None = Field(
         default=None, description="Merged into the target KubeProxyConfiguration."
     )
-    stages: Annotated[list[Stage], Field(min_length=1, max_length=MAX_STAGES)]
+    stages: Annotated[list[Stage], Field(min_length=1, max_length=MAX_STAGES)] = Field(
+        description="The rollout's stages in order; each moves its nodes, then bakes and is"
+        " judged before the next starts."
+    )
     max_unavailable: int | str = Field(
         default=1, description="Nodes between proxies at once: a number or a percent."
     )
@@ -182,8 +202,16 @@ class PolicySpec(ApiModel):
         " stage counts as failed.",
     )
     analysis: Analysis | None = None
-    rollback: Rollback = Field(default_factory=Rollback, json_schema_extra={"default": {}})
-    paused: bool = False
+    rollback: Rollback = Field(
+        default_factory=Rollback,
+        json_schema_extra={"default": {}},
+        description="What a failed gate does: roll back by itself, or pause for a person.",
+    )
+    paused: bool = Field(
+        default=False,
+        description="Hold the rollout where it is (nodes in flight finish their move); false"
+        " goes on. Created paused, not even preflight runs.",
+    )
     finalize: bool = Field(
         default=True,
         description="After the last stage, fold the result back into the source objects.",
