@@ -150,3 +150,11 @@ def test_several_kubeconfigs_use_the_context_kubectl_uses(tmp_path: Path) -> Non
     assert str(second_port) not in listed.stderr, listed.stderr
     chosen = _plugin("--context", "second", "list", kubeconfig=files)  # a flag still wins
     assert f"port={second_port}" in chosen.stderr, chosen.stderr
+
+
+def test_version_without_a_cluster_still_says_the_plugin_s_own(tmp_path: Path) -> None:
+    """As `kubectl version` does: the client's version, then why the server's is missing."""
+    done = _plugin("version", kubeconfig=str(tmp_path / "missing"))
+    assert done.returncode == 1, done
+    assert done.stdout.startswith("plugin:   kubectl-proxymode "), done.stdout
+    assert done.stderr.startswith("error: cannot load the kubeconfig"), done.stderr

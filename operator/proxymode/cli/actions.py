@@ -104,8 +104,14 @@ def cmd_action(args: argparse.Namespace) -> int:
 
 
 def cmd_version(args: argparse.Namespace) -> int:
-    cluster = Cluster(connection(args))
-    crd = cluster.crd()
+    try:
+        cluster = Cluster(connection(args))
+        crd = cluster.crd()
+    except ClientError:
+        # Like `kubectl version`: the plugin's own version first, then why the server's is not.
+        if args.output == "text":
+            print(f"plugin:   kubectl-proxymode {__version__} (python {platform.python_version()})")
+        raise
     versions = [v["name"] for v in ((crd or {}).get("spec") or {}).get("versions") or []]
     operators = []
     for d in cluster.operators():
