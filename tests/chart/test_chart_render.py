@@ -54,6 +54,7 @@ def test_helm_lint_strict(bins: Path, values: Path | None) -> None:
         ("typoedKey=true", "typoedKey"),
         ("labelGuard.enabled=maybe", "enabled"),
         ("labelGuard.allowedUsers=jane", "allowedUsers"),
+        ("kubeProxy.namespace=Kube_System", "namespace"),
     ],
 )
 def test_schema_refuses_bad_values(bins: Path, setting: str, complaint: str) -> None:
