@@ -19,15 +19,15 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any, cast
+from typing import Any
 
 import kopf
 from kubernetes import client, config
 
 from proxymode.api import models
-from proxymode.engine.actions import EmitEvent
 from proxymode.kube.cache import ClusterCache
 from proxymode.kube.counted import count_requests
+from proxymode.kube.events import EventPoster
 from proxymode.kube.kubeconfig import kubectl_context
 from proxymode.kube.peering import ensure_peering as _ensure_peering
 from proxymode.kube.reconcile import Reconciler
@@ -86,12 +86,6 @@ class _QuietWakeups(logging.Filter):
 logging.getLogger("kopf.objects").addFilter(_QuietWakeups())
 
 
-def _post_event(body: dict[str, Any], event: EmitEvent) -> None:
-    kopf.event(
-        cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message[:1024]
-    )
-
-
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
@@ -113,7 +107,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.wakeups = wakeups
     memo.api = api
     memo.cache = cache
-    memo.reconciler = Reconciler(api, events=_post_event, telemetry=telemetry, cache=cache)
+    # Not kopf.event: it names "default" as a cluster-scoped object's namespace, so `kubectl
+    # describe pmp` found none of the policy's Events (kube.events).
+    memo.events = EventPoster(api)
+    memo.reconciler = Reconciler(api, events=memo.events.post, telemetry=telemetry, cache=cache)
 
 
 @kopf.on.cleanup()
@@ -125,6 +122,9 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
     cache = memo.get("cache")
     if cache is not None:
         await asyncio.to_thread(cache.close)
+    events = memo.get("events")
+    if events is not None:
+        await asyncio.to_thread(events.close)
     api = memo.get("api")
     if api is not None:
         api.close()

@@ -9,6 +9,7 @@ proxies than maxUnavailable allows.
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 from kubernetes import client
@@ -38,7 +39,11 @@ from tests.sandbox.harness import (
 
 
 def test_iptables_to_nftables_over_three_stages_completes_and_finalizes(
-    api: client.ApiClient, proxy: KubeProxy, policies: Policies, sampler: Sampler
+    api: client.ApiClient,
+    proxy: KubeProxy,
+    policies: Policies,
+    sampler: Sampler,
+    sandbox: Sandbox,
 ) -> None:
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     starts = PodStarts(api, proxy.namespace)
@@ -83,6 +88,15 @@ def test_iptables_to_nftables_over_three_stages_completes_and_finalizes(
     assert {"RolloutStarted", "StageStarted", "StagePromoted", "Finalizing", "Completed"} <= set(
         reasons
     )
+    # `kubectl describe` finds them: it asks for a cluster-scoped object's Events with
+    # involvedObject.namespace="" (kopf's event posting named "default": it found none).
+    described = subprocess.run(
+        [str(sandbox.bin_dir / "kubectl"), f"--kubeconfig={sandbox.kubeconfig}", "describe",
+         "proxymodepolicy", name],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    events = described[described.index("\nEvents:") :]
+    assert "RolloutStarted" in events and "Completed" in events, events
     assert sampler.samples > 10
     print(
         f"\n(a) {len(proxy.nodes)} nodes, 3 stages: Completed in {elapsed:.1f}s,"

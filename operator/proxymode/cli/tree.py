@@ -240,10 +240,19 @@ def view(policy: Obj, nodes: Sequence[Obj], events: Sequence[Obj], now: datetime
 
 
 def _event_time(event: Obj) -> datetime:
-    for key in ("lastTimestamp", "eventTime", "firstTimestamp"):
-        when = parse_time(event.get(key))
-        if when is not None:
-            return when
+    """When the event last happened, as finely as it says: ``lastTimestamp`` keeps whole
+    seconds, ``eventTime`` microseconds, so the later of the two orders the Events of one
+    second as they were posted (an aggregated Event's later ``lastTimestamp`` still wins)."""
+    times = [
+        when
+        for when in (parse_time(event.get(k)) for k in ("lastTimestamp", "eventTime"))
+        if when is not None
+    ]
+    if times:
+        return max(times)
+    first = parse_time(event.get("firstTimestamp"))
+    if first is not None:
+        return first
     return parse_time(
         (event.get("metadata") or {}).get("creationTimestamp")
     ) or datetime.min.replace(tzinfo=UTC)
