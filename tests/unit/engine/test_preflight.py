@@ -641,11 +641,11 @@ CANARY_AND_REST = (
 )
 
 
-def test_stage_that_selects_nothing_warns() -> None:
+def test_a_later_stage_that_selects_nothing_warns() -> None:
     spec = policy(
         stages=[
-            {"name": "gpu", "nodeSelector": {"matchLabels": {"pool": "gpu"}}},
             {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}},
+            {"name": "gpu", "nodeSelector": {"matchLabels": {"pool": "gpu"}}},
             {"name": "tenth", "percent": 10},  # the canary already covers 10%
             {"name": "all", "percent": 100},
         ]
@@ -654,8 +654,31 @@ def test_stage_that_selects_nothing_warns() -> None:
     found = [f for f in result.findings if f.code == "StageSelectsNothing"]
     assert [f.severity for f in found] == [Severity.WARNING, Severity.WARNING]
     assert "'gpu'" in found[0].message and "'tenth'" in found[1].message
+    assert "still bakes" in found[1].message  # not "completes at once": it bakes and is judged
     assert "PartialCoverage" not in codes(result)
     assert result.passed
+
+
+@pytest.mark.parametrize(
+    ("rest", "then"),
+    [
+        ([{"name": "all", "percent": 100}], "the next stage's 5 nodes"),
+        ([{"name": "gpu", "nodeSelector": {"matchLabels": {"pool": "gpu"}}}], "nothing would"),
+    ],
+)
+def test_a_first_stage_that_selects_nothing_says_what_moves_first(
+    rest: list[Any], then: str
+) -> None:
+    """A typo in the canary's label (``pool: canry``) lets the next stage, here the whole
+    fleet, move first with no canary (a review saw exactly that). The empty first stage
+    completes at once (issue 9, item 20: a shared policy may name a pool a cluster lacks),
+    so the Warning says plainly what moves first and how to stop it."""
+    typo = {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canry"}}}
+    result = run_preflight(policy(stages=[typo, *rest]), observe(cluster=CANARY_AND_REST))
+    finding = next(f for f in result.findings if f.code == "StageSelectsNothing")
+    assert finding.severity == Severity.WARNING
+    assert "'canary' (the canary)" in finding.message and then in finding.message
+    assert "spec.paused" in finding.message and "kubectl proxymode plan" in finding.message
 
 
 def test_partial_coverage_is_reported() -> None:

@@ -205,17 +205,43 @@ def node_findings(
         ]
     findings: list[Finding] = []
     plan = plan_stages(spec.stages, [PlanNode(n.name, n.labels, n.zone) for n in eligible])
-    for stage, nodes in zip(spec.stages, plan, strict=True):
-        if not nodes:
+    for index, (stage, nodes) in enumerate(zip(spec.stages, plan, strict=True)):
+        if nodes:
+            continue
+        if index == 0:
+            # The first stage is the canary: without it the first nodes to move are the
+            # next stage's, maybe the whole fleet (a typo in the canary's label did that).
+            # A Warning, not a refusal: a policy shared by clusters may name a pool one of
+            # them lacks, and the empty stage then completes at once (issue 9, item 20).
+            after = next((n for n in plan if n), [])
+            then = (
+                f"The first nodes to move would be the next stage's "
+                f"{plural(len(after), 'node')}, with no canary before them."
+                if after
+                else "No stage selects a node: nothing would move."
+            )
             findings.append(
                 new_finding(
                     Severity.WARNING,
                     Code.STAGE_SELECTS_NOTHING,
-                    f"Stage {stage.name!r} selects no node: its nodeSelector matches no "
-                    f"eligible node not taken by an earlier stage, or earlier stages already "
-                    f"reach its percent. It will complete at once; fix or remove it.",
+                    f"The first stage {stage.name!r} (the canary) selects no node: its "
+                    f"nodeSelector matches no eligible node, so it completes at once. {then} "
+                    f"If that is not meant (a typo in a label?), set spec.paused or abort now "
+                    f"and fix the nodeSelector; check a policy with `kubectl proxymode plan` "
+                    f"before applying it.",
                 )
             )
+            continue
+        findings.append(
+            new_finding(
+                Severity.WARNING,
+                Code.STAGE_SELECTS_NOTHING,
+                f"Stage {stage.name!r} selects no node: its nodeSelector matches no "
+                f"eligible node not taken by an earlier stage, or earlier stages already "
+                f"reach its percent. It moves nothing and still bakes ({stage.bake_seconds}s)"
+                f" and is judged with the nodes moved before it; fix or remove it.",
+            )
+        )
     findings.extend(_control_plane(spec, eligible, plan))
     planned = sum(len(nodes) for nodes in plan)
     if planned < len(eligible):
