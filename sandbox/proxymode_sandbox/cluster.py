@@ -900,6 +900,9 @@ class Sandbox:
             "-",
             input_text=text,
         )
+        # Then replaced whole: an apply leaves the fields another manager owns (the
+        # operator's affinity term, KeepExclusionTerm), so the DaemonSet kept it.
+        self.kubectl("replace", "-f", "-", input_text=text)
         ns, name = kubeadm_proxy.NAMESPACE, kubeadm_proxy.NAME
         self.kubectl("rollout", "restart", f"daemonset/{name}", "-n", ns)
         timeout = f"--timeout={self.config.ready_timeout:.0f}s"

@@ -15,8 +15,8 @@ Scenarios (``make demo SCENARIO=...``):
   ``failureLimit`` rounds in a row and the operator rolls every node back to iptables by
   itself. The fault is removed at the end.
 
-The operator stops at the end; the sandbox stays up for a look around
-(``source .sandbox/env``), until ``make sandbox-down``.
+The sandbox and its operator stay up for a look around (``source .sandbox/env``; deleting
+the policy needs the operator, which lets its finalizer go), until ``make sandbox-down``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import yaml
 
 from proxymode.api import crd as crd_gen
 from proxymode.api import models
-from proxymode_sandbox import evidence
+from proxymode_sandbox import evidence, kubeadm_proxy
 from proxymode_sandbox.cluster import Sandbox, SandboxError
 from proxymode_sandbox.kube_proxy_metrics import FAULT_ANNOTATION
 from proxymode_sandbox.show import render_cluster
@@ -228,6 +228,12 @@ def _start(box: Sandbox, out: Any, scenario: str) -> None:
     box.kubectl(
         "delete", "proxymodepolicy", POLICY, "--ignore-not-found", "--wait=true", "--timeout=300s"
     )
+    conf = box.get_json("configmap", kubeadm_proxy.NAME, namespace=kubeadm_proxy.NAMESPACE)
+    running = (yaml.safe_load(conf["data"][kubeadm_proxy.CONFIG_KEY]) or {}).get("mode") or ""
+    if running != "iptables":
+        # An earlier demo finalized nftables into kube-system: there would be nothing to move.
+        out(f"kube-system's kube-proxy runs {running} from an earlier run: putting it back")
+        box.reset_kube_proxy()
     out(f"operator metrics: {box.operator_metrics_url}; Prometheus: {box.prometheus_url or '-'}")
     policy = demo_policy(prometheus_url=box.prometheus_url, scenario=scenario)
     box.kubectl("apply", "-f", "-", input_text=json.dumps(policy))
@@ -266,25 +272,38 @@ def print_rules(box: Sandbox, out: Any, when: str) -> None:
         out(f"{'':11}{rules.line()}")
 
 
-def _report(box: Sandbox, out: Any) -> None:
+def _report(box: Sandbox, out: Any, phase: str) -> None:
     out("\nevents:")
-    events = box.kubectl(
-        "get",
-        "events",
-        "-n",
-        "default",
-        f"--field-selector=involvedObject.name={POLICY}",
-        "--sort-by=.lastTimestamp",
-        "-o",
-        "custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message",
-        "--no-headers",
-    ).stdout
+    # The operator posts Events off its look's thread: the last one (Completed, RolledBack)
+    # may land a moment after the phase did.
+    deadline = time.monotonic() + 10.0
+    uid = box.get_json("proxymodepolicy", POLICY)["metadata"]["uid"]  # this run's, not older
+    while True:
+        events = box.kubectl(
+            "get",
+            "events",
+            "-n",
+            "default",
+            f"--field-selector=involvedObject.name={POLICY},involvedObject.uid={uid}",
+            "--sort-by=.eventTime",
+            "-o",
+            "custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message",
+            "--no-headers",
+        ).stdout
+        if phase not in ("Completed", "RolledBack") or f" {phase} " in events:
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     for row in events.splitlines():
         out(f"  {row}")
     out("\n" + render_cluster(box))
     out(f"\n$ kubectl proxymode status {POLICY}")
     out(plugin_status(box).rstrip())
-    out(f"\nthe sandbox is still up: source {box.env_file}; `make sandbox-down` when done")
+    out(
+        f"\nthe sandbox and its operator are still up: source {box.env_file};"
+        " `make sandbox-down` when done"
+    )
 
 
 def run(box: Sandbox, timeout: float = 600.0, out: Any = print, scenario: str = "migrate") -> str:
@@ -305,11 +324,10 @@ def run(box: Sandbox, timeout: float = 600.0, out: Any = print, scenario: str = 
         for row in _operator_metrics(box):
             out(f"  {row}")
     finally:
-        box.stop_operator()
         if scenario == "rollback":
             _set_fault(box, FAULTY_NODE, None)
     print_rules(box, out, "after")
-    _report(box, out)
+    _report(box, out, phase)
     return phase
 
 

@@ -3,6 +3,7 @@ why)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,6 +59,10 @@ def test_custom_query_without_data_is_inconclusive_never_a_pass(made: Sandbox) -
     finally:
         delete_policy(made, name)
         cli(made.dir, "reset-kube-proxy")
+    # As `up` installed it: the finalized run left its exclusion term (KeepExclusionTerm,
+    # owned by the operator's field manager), which an apply alone kept (a review).
+    ds = made.get_json("daemonset", kubeadm_proxy.NAME, namespace=KUBE_SYSTEM)
+    assert "proxymode.io" not in json.dumps(ds["spec"]), ds["spec"]["template"]["spec"]
 
 
 def test_ipvs_example_as_far_as_this_kernel_allows(made: Sandbox) -> None:

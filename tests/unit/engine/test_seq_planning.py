@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxymode.api.models import Phase, ProxyModePolicy
+from proxymode.api.models import Phase, Preflight, ProxyModePolicy
 from proxymode.engine.observed import MODE_LABEL
 from tests.unit.engine.seq import (
     ANALYSIS,
@@ -201,6 +201,13 @@ def test_a_policy_created_while_another_is_in_flight_waits_and_names_it() -> Non
     assert sim.get("DaemonSet", "kube-proxy")["metadata"]["generation"] == generation
     assert second.policy.status.phase in (Phase.PENDING, Phase.FAILED)
     assert first.name in (second.policy.status.message or "")
+    if second.policy.status.phase == Phase.FAILED:
+        message = second.policy.status.message or ""
+        # Refused: it says that a retry is needed (waiting alone never starts it again), and
+        # never "remove the label" of the nodes the first policy moved.
+        assert "retry" in message and ".;" not in message, message
+        codes = {f.code for f in (second.policy.status.preflight or Preflight()).findings}
+        assert "NodesAlreadyLabelled" not in codes, codes
 
 
 def test_a_node_labelled_before_the_policy_is_refused_or_handled() -> None:

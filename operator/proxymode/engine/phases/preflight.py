@@ -51,6 +51,10 @@ def look(lk: Look) -> Phase | None:
         # This run's snapshot exists: a status write after setup was lost, and any
         # proxymode.io/mode label is this run's own move, not one set before the policy.
         result = result.without(Code.NODES_ALREADY_LABELLED)
+    elif any(f.code == Code.ANOTHER_POLICY_IN_FLIGHT for f in result.findings):
+        # The labels are the other policy's moves: "remove the label" would pull its nodes
+        # out from under it. That policy's finding says what to do.
+        result = result.without(Code.NODES_ALREADY_LABELLED)
     lk.status.preflight = Preflight(
         passed=result.passed,
         checked_time=lk.now,
@@ -72,7 +76,7 @@ def look(lk: Look) -> Phase | None:
         return None
     if not result.passed:
         errors = [f.message for f in result.findings if f.severity == Severity.ERROR]
-        lk.fail(FailureReason.PREFLIGHT_FAILED, "; ".join(errors))
+        lk.fail(FailureReason.PREFLIGHT_FAILED, " ".join(errors))  # sentences, each with its stop
         return None
     nodes = eligible(lk)
     plan = plan_stages(lk.spec.stages, nodes)

@@ -98,7 +98,9 @@ def other_policies(spec: PolicySpec, others: Sequence[str]) -> list[Finding]:
             Code.ANOTHER_POLICY_IN_FLIGHT,
             f"Another ProxyModePolicy is already driving DaemonSet {ref.namespace}/"
             f"{ref.daemon_set}: {', '.join(sorted(others))}. Only one policy may migrate a "
-            f"kube-proxy at a time; wait for it to finish or delete it (deleting rolls it back).",
+            f"kube-proxy at a time: let it finish, or delete it (deleting rolls it back), then"
+            f" retry this one (kubectl proxymode retry NAME, or annotate"
+            f" proxymode.io/action=retry): a refused preflight does not run again by itself.",
         )
     ]
 
