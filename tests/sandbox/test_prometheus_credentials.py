@@ -251,6 +251,15 @@ def _operator_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", ssl.get_default_verify_paths().openssl_cafile)
 
 
+def test_a_service_that_does_not_exist_is_named_not_pasted_as_json(api: client.ApiClient) -> None:
+    """An in-cluster URL whose Service is missing: the API server's service proxy answers
+    404 with a Status object; the round says its message, not the raw JSON (a review)."""
+    verdict, message, _ = _round(api, {"url": "http://prometheus.monitoring.svc:9090"})
+    assert verdict == "Inconclusive", message
+    assert 'services "prometheus" not found' in message, message
+    assert "service proxy" in message and '{"kind"' not in message, message
+
+
 @pytest.mark.usefixtures("secrets")
 def test_bearer_token_and_ca_from_secrets(api: client.ApiClient, bearer_proxy: str) -> None:
     good = {"url": bearer_proxy, "bearerToken": _ref("token"), "ca": _ref("ca.crt")}

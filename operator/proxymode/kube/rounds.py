@@ -166,6 +166,13 @@ class Prometheus:
         except ValueError:
             response.raise_for_status()
             raise
+        if body.get("kind") == "Status":
+            # Not Prometheus: the API server's service proxy (an in-cluster URL reached from
+            # outside, decision 0032) answered for it, e.g. the Service does not exist.
+            raise RuntimeError(
+                f"HTTP {response.status_code} from the API server's service proxy:"
+                f" {body.get('message') or body.get('reason') or 'no message'}"
+            )
         if body.get("status") != "success":
             raise RuntimeError(
                 f"HTTP {response.status_code}: {body.get('errorType', '')}"
