@@ -173,6 +173,24 @@ def test_a_mixed_mode_newcomer_that_cannot_finish_is_reported_degraded() -> None
     assert "canary-3" in (st.message or "")
 
 
+def test_a_mixed_mode_newcomer_is_counted_once_it_runs_the_target() -> None:
+    """Completed mixed mode moves a newcomer of its pools; its stage's nodesDone and the
+    message count it then (a review saw nodesDone 4 of 5 and "6 nodes run nftables")."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    run = Run(sim, make_policy(stages=[THREE_STAGES[0]]))
+    run.until(terminal)
+    assert run.policy.status.message.startswith("2 nodes run nftables"), run.policy.status.message
+    sim.add_node("canary-3", "canary")
+    run.until(
+        lambda p: not p.status.moves and sim.nodes["canary-3"].labels.get(MODE_LABEL) is not None,
+        limit=40,
+    )
+    run.steps(2)
+    (stage,) = run.policy.status.stages
+    assert "canary-3" in stage.nodes and stage.nodes_done == len(stage.nodes) == 3, stage
+    assert run.policy.status.message.startswith("3 nodes run nftables"), run.policy.status.message
+
+
 def test_one_not_ready_look_on_a_long_healthy_canary_does_not_roll_back() -> None:
     """issue 9 item 18: readiness is timed from when the pod stopped being Ready."""
     sim = Sim.cluster({"canary": 2, "general": 2})
