@@ -399,7 +399,8 @@ class Sim:
                 ready=p.ready,
                 restarts=p.restarts,
                 terminating=bool(p.terminating),
-                created=p.born,
+                # As the API server keeps it: creationTimestamp has whole seconds.
+                created=p.born.replace(microsecond=0),
                 ready_changed=p.ready_changed,
             )
             for p in self.pods

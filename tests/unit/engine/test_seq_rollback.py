@@ -7,6 +7,8 @@ marked xfail(strict) fails against today's engine: the reason says what happens 
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import json
 
 from proxymode.api.models import Phase
@@ -160,6 +162,42 @@ def test_rollback_from_finalizing_restores_the_config_map_before_walking_nodes_b
             ]
         assert len(run.decisions) < 400, run.policy.status.message
     assert not started_wrong, f"source pods started in the target mode: {started_wrong}"
+    run.assert_restored()
+
+
+def test_an_abort_in_the_second_finalizing_began_walks_back_every_handed_back_node() -> None:
+    """A pod's creationTimestamp has whole seconds, the history's times microseconds: the
+    first nodes Finalizing hands back get source pods created in the very second of the
+    Finalizing entry, so they looked older than it and were never restarted after an abort
+    (a review: RolledBack, yet the node ran nftables)."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    sim.now += timedelta(milliseconds=200)
+    # Finalized once before with KeepExclusionTerm: restoring the template then changes
+    # nothing the DaemonSet controller rolls, so no rolling restart hides a missed node.
+    kept = {"key": MODE_LABEL, "operator": "NotIn", "values": ["nftables", "switching"]}
+    ds = sim.get("DaemonSet", "kube-proxy")
+    ds["spec"]["template"]["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [kept]}]
+            }
+        }
+    }
+    sim._store(ds)
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.phase == Phase.FINALIZING)
+    run.until(lambda _: any(p.owner == "kube-proxy" and p.mode == "nftables" for p in sim.pods))
+    began = max(h.time for h in run.policy.status.history if h.reason == "Finalizing")
+    for pod in sim.pods:
+        if pod.owner == "kube-proxy" and pod.mode == "nftables":
+            # As on a real cluster: created a few milliseconds after the Finalizing entry,
+            # in the same second, so the creationTimestamp reads earlier than the entry.
+            pod.born = began + timedelta(milliseconds=100)
+            assert pod.born.replace(microsecond=0) < began
+    sim.action = "abort"  # the first nodes are handed back: their source pods run nftables
+    run.until(lambda p: p.status.phase == Phase.ROLLED_BACK, limit=400)
+    wrong = sorted(f"{p.node}:{p.mode}" for p in sim.pods if p.mode != "iptables")
+    assert not wrong, f"RolledBack, yet these run another mode: {wrong}"
     run.assert_restored()
 
 

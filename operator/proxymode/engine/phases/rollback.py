@@ -64,6 +64,10 @@ def _read_the_target_mode(lk: Look) -> list[str]:
     run_start = _last(lk, EventReason.ROLLOUT_STARTED)
     if since is None or until is None or until < since or (run_start and since < run_start):
         return []  # this run never finalized: an earlier run's Finalizing says nothing
+    # creationTimestamp keeps whole seconds, the history microseconds: a pod created in the
+    # second Finalizing began reads as older than it. From the start of that second, then:
+    # one more restart of a pod that was made just before is the price of never missing one.
+    since = since.replace(microsecond=0)
     return [
         p.name
         for p in lk.obs.pods
