@@ -7,9 +7,8 @@ marked xfail(strict) fails against today's engine: the reason says what happens 
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import json
+from datetime import timedelta
 
 from proxymode.api.models import Phase
 from proxymode.engine.objects import DEFAULT_STRATEGY, STRATEGY_ANNOTATION
