@@ -16,8 +16,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from proxymode.engine.actions import SetNodeMode
-from proxymode.engine.observed import MODE_LABEL
+from proxymode.engine.actions import ClearAction, SetNodeMode
+from proxymode.engine.observed import ACTION_ANNOTATION, MODE_LABEL
 from proxymode.kube.execute import Executor, dynamic_client
 from proxymode_sandbox import Sandbox
 
@@ -199,3 +199,47 @@ def test_a_second_change_of_one_node_waits_for_the_first(
     ]
     assert Executor(api, "exec-test", lambda _: None).run(batch) == 4
     assert [label(core, n) for n in (first, second)] == ["nftables", "nftables"]
+
+
+@pytest.mark.usefixtures("crd")
+def test_clearing_an_action_removes_only_the_value_the_look_handled(sandbox: Sandbox) -> None:
+    """A look that handled ``resume`` must not erase an ``abort`` a person set meanwhile (a
+    review: a slow analysis round, and the abort vanished unseen): the removal tests the
+    value, is refused (the batch stops, the next look acts on the abort), and removes it
+    only when it is still the one handled."""
+    api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
+    custom = client.CustomObjectsApi(api)
+    name = f"clear-{uuid.uuid4().hex[:6]}"
+    sandbox.stop_operator()  # its own looks would take the annotation first
+    custom.create_cluster_custom_object(
+        "proxymode.io",
+        "v1alpha1",
+        "proxymodepolicies",
+        {
+            "apiVersion": "proxymode.io/v1alpha1",
+            "kind": "ProxyModePolicy",
+            "metadata": {"name": name, "annotations": {ACTION_ANNOTATION: "abort"}},
+            "spec": {
+                "targetMode": "nftables",
+                "paused": True,
+                "stages": [{"name": "all", "percent": 100}],
+            },
+        },
+    )
+    try:
+        executor = Executor(api, name, lambda _event: None)
+
+        def action() -> str | None:
+            body = custom.get_cluster_custom_object(
+                "proxymode.io", "v1alpha1", "proxymodepolicies", name
+            )
+            return (body["metadata"].get("annotations") or {}).get(ACTION_ANNOTATION)
+
+        assert executor.run([ClearAction("resume")]) == 0, "refused: not the value handled"
+        assert action() == "abort"
+        assert executor.run([ClearAction("abort")]) == 1
+        assert action() is None
+        assert executor.run([ClearAction("abort")]) == 0, "already gone: nothing to remove"
+    finally:
+        sandbox.start_operator()  # before the delete: the finalizer, if any, is its to release
+        custom.delete_cluster_custom_object("proxymode.io", "v1alpha1", "proxymodepolicies", name)

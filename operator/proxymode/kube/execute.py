@@ -41,7 +41,6 @@ from proxymode.engine.observed import ACTION_ANNOTATION, MODE_LABEL
 
 FIELD_MANAGER = "proxymode"
 JSON_PATCH = "application/json-patch+json"
-MERGE_PATCH = "application/merge-patch+json"
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[EmitEvent], None]
@@ -196,12 +195,21 @@ class Executor:
         elif isinstance(action, EmitEvent):
             self.events(action)
         elif isinstance(action, ClearAction):
+            # Only the value this look handled: a person's newer action (an abort set while a
+            # slow look ran) fails the test (422, the batch stops) and is acted on next look,
+            # instead of being erased unseen.
             resource = self._resource(f"{models.GROUP}/{models.VERSION}", models.KIND)
+            path = "/metadata/annotations/" + ACTION_ANNOTATION.replace("~", "~0").replace(
+                "/", "~1"
+            )
             self.dyn.patch(
                 resource,
-                body={"metadata": {"annotations": {ACTION_ANNOTATION: None}}},
+                body=[
+                    {"op": "test", "path": path, "value": action.value},
+                    {"op": "remove", "path": path},
+                ],
                 name=self.policy,
-                content_type=MERGE_PATCH,
+                content_type=JSON_PATCH,
             )
 
     def _create(self, obj: Any) -> None:

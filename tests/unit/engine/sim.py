@@ -538,6 +538,8 @@ class Sim:
         elif isinstance(action, EmitEvent):
             self.events.append(action)
         elif isinstance(action, ClearAction):
+            if self.action != action.value:  # the adapter's JSON-patch test of the value
+                raise ConflictError(f"the action is {self.action!r}, not {action.value!r}")
             self.action = None
 
     # -- invariants -----------------------------------------------------------------------------

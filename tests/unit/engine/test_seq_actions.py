@@ -195,3 +195,20 @@ def test_a_handled_action_is_removed_on_the_next_look_within_a_second(where: str
     assert first.requeue_seconds <= 1.0, (where, first.requeue_seconds)
     run.step(tick=False)
     assert sim.action is None, "removed by the next look"
+
+
+def test_an_action_set_while_a_look_clears_another_is_acted_on_not_erased() -> None:
+    """The look that removes a handled ``resume`` read the policy before a person set
+    ``abort``: the removal is refused (it tests the value) and the next look aborts."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    run = _analyzing(sim)
+    sim.action = "resume"
+    run.step(tick=False)
+    assert run.policy.status.handled_action == "resume"
+    seen = run.observe()  # this look's read: still resume
+    sim.action = "abort"  # set while the look runs (a slow analysis round)
+    run.step(observed=seen, tick=False)
+    assert sim.action == "abort", "not erased"
+    run.steps(2)
+    assert run.policy.status.phase in (Phase.ROLLING_BACK, Phase.ROLLED_BACK)
+    assert run.policy.status.rollback_reason == "Aborted"
