@@ -136,8 +136,15 @@ def test_target_mode_is_immutable_while_a_rollout_is_in_flight(
         # Other fields may still change mid-rollout (e.g. pausing it).
         assert under_phase(policies, name, "Progressing", {"paused": True}) is None
 
+        # Nor the kube-proxy it migrates (the snapshot and the patched source are that one's).
+        other = {"kubeProxy": {"namespace": "elsewhere"}}
+        refused = under_phase(policies, name, "Analyzing", other)
+        assert refused is not None and refused.status == 422, "kubeProxy changed mid-rollout"
+        assert "kubeProxy cannot change while a rollout is in flight" in message(refused)
+
         assert under_phase(policies, name, "RolledBack", {"targetMode": "nftables"}) is None
         got = policies.get_cluster_custom_object(G, V, P, name)
         assert got["spec"]["targetMode"] == "nftables" and got["spec"]["paused"] is True
+        assert under_phase(policies, name, "Failed", other) is None
     finally:
         policies.delete_cluster_custom_object(G, V, P, name)

@@ -44,6 +44,24 @@ ROOT_RULES = [
         "fieldPath": ".spec.targetMode",
     },
     {
+        # The rollout's objects (the snapshot, the target pair, the source it patched) are
+        # the kube-proxy this names: another one mid-run would leave the first unrestorable.
+        "rule": (
+            "!has(oldSelf.spec) || self.spec.kubeProxy == oldSelf.spec.kubeProxy"
+            " || !has(self.status) || !has(self.status.phase)"
+            " || self.status.phase in ["
+            + ", ".join(f"'{p}'" for p in models.Phase if p in models.TARGET_EDITABLE_PHASES)
+            + "]"
+        ),
+        "message": (
+            "kubeProxy cannot change while a rollout is in flight or after it completed: the"
+            " rollout's changes are to the kube-proxy it names; abort it (or create a new"
+            " policy) to migrate another"
+        ),
+        "reason": "FieldValueForbidden",
+        "fieldPath": ".spec.kubeProxy",
+    },
+    {
         "rule": f"self.metadata.name.size() <= {models.MAX_POLICY_NAME}",
         "message": NAME_TOO_LONG,
     },
