@@ -34,11 +34,16 @@ from proxymode.engine.summary import refused
 from proxymode.kube import object_cache, rounds, series
 from proxymode.kube.cache import ClusterCache
 from proxymode.kube.execute import Executor
+from proxymode.kube.look_timer import LookTimer
 from proxymode.kube.observe import Observer
+from proxymode.kube.status_merge import merged as _merged
+from proxymode.kube.wakeups import policy_key
 from proxymode.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
+REREAD_AFTER_SECONDS = 1.0
+"""An analysis round longer than this is followed by a read of the policy (``_reread``)."""
 UNREAD_RETRY_SECONDS = 5.0
 """How soon a look whose second read failed comes again (nothing was acted on)."""
 PROMETHEUS_CLIENT_SECONDS = 300.0
@@ -205,15 +210,10 @@ class Reconciler:
                 release_finalizer=deleting and pending,
                 phase=str(policy.status.phase),
             )
-        if series.due(policy, deleting=deleting):
-            observed = replace(
-                observed, series=series.look(policy, observed, partial(self.prometheus, name))
-            )
-        if not deleting and rounds.round_due(policy, now):
-            measured = rounds.run_round(
-                self.api, policy, observed, now, partial(self.prometheus, name)
-            )
-            observed = replace(observed, analysis=measured)
+        body, policy, observed = self._measure(
+            name, body, policy, observed, now=now, deleting=deleting
+        )
+        deleting = deleting or bool(body["metadata"].get("deletionTimestamp"))
         clock.done("measure")
         decision = advance(policy, observed)
         decision, observed = self._second_look(name, policy, observed, decision, deleting=deleting)
@@ -246,6 +246,50 @@ class Reconciler:
             release_finalizer=decision.release_finalizer,
             phase=str(decision.status.phase),
         )
+
+    def _measure(
+        self,
+        name: str,
+        body: dict[str, Any],
+        policy: ProxyModePolicy,
+        observed: Observed,
+        *,
+        now: datetime,
+        deleting: bool,
+    ) -> tuple[dict[str, Any], ProxyModePolicy, Observed]:
+        """Prometheus's part of a look: the node series when due, the analysis round when
+        due; after a slow round, the policy as it is now (``_reread``)."""
+        if series.due(policy, deleting=deleting):
+            observed = replace(
+                observed, series=series.look(policy, observed, partial(self.prometheus, name))
+            )
+        if deleting or not rounds.round_due(policy, now):
+            return body, policy, observed
+        started = time.monotonic()
+        measured = rounds.run_round(self.api, policy, observed, now, partial(self.prometheus, name))
+        observed = replace(observed, analysis=measured)
+        if time.monotonic() - started > REREAD_AFTER_SECONDS:
+            return self._reread(name, body, policy, observed)
+        return body, policy, observed
+
+    def _reread(
+        self, name: str, body: dict[str, Any], policy: ProxyModePolicy, observed: Observed
+    ) -> tuple[dict[str, Any], ProxyModePolicy, Observed]:
+        """The policy again after a slow analysis round: an abort, a pause or a spec edit
+        made while Prometheus answered is acted on in this look, not the next one (a review
+        waited 16 s for an abort behind a round of 4 s queries). The round is kept unless
+        the analysis it measured was edited; an unreadable or invalid read keeps the first."""
+        try:
+            fresh = self.read(name)
+            again = models.from_wire(fresh) if fresh is not None else None
+        except (ApiException, HTTPError, ValidationError) as e:
+            log.info("policy %s: not read again after a slow round: %s", name, e)
+            return body, policy, observed
+        if fresh is None or again is None or policy_key(fresh) == policy_key(body):
+            return body, policy, observed
+        if again.spec.analysis != policy.spec.analysis:
+            observed = replace(observed, analysis=None)  # measured for the old checks
+        return fresh, again, observed
 
     def _second_look(
         self,
@@ -396,58 +440,6 @@ class Reconciler:
                 raise
             return False
         return True
-
-
-class LookTimer:
-    """Times a look's parts one after the other (``proxymode_look_part_duration_seconds``):
-    a whole look carries its actions (up to a tenth of a 1,000-node cluster's label
-    changes), so its own time says little about what observing and deciding cost.
-
-    Only looks that get to the end are recorded, every part and the look's own time (all
-    but ``act``) together, so the part means add up to the own mean; a look that stops
-    early (the policy gone, invalid or forbidden) or raises is in the whole-look histogram
-    only."""
-
-    def __init__(self, telemetry: Telemetry) -> None:
-        self.telemetry = telemetry
-        self.last = time.perf_counter()
-        self.last_cpu = time.thread_time()
-        self.parts: list[tuple[str, float, float]] = []
-
-    def done(self, part: str) -> None:
-        now, cpu = time.perf_counter(), time.thread_time()
-        self.parts.append((part, now - self.last, cpu - self.last_cpu))
-        self.last, self.last_cpu = now, cpu
-
-    def flush(self) -> None:
-        for part, seconds, _cpu in self.parts:
-            self.telemetry.look_part_seconds.labels(part).observe(seconds)
-        own = [(s, c) for p, s, c in self.parts if p != "act"]
-        self.telemetry.look_own_seconds.observe(sum(s for s, _ in own))
-        self.telemetry.look_cpu_seconds.observe(sum(c for _, c in own))
-
-
-def _merged(current: Any, patch: Any) -> Any:
-    """``current`` after a JSON merge patch (RFC 7386) of ``patch``, as the API server
-    stores it: a list is replaced whole, and the server drops the null fields inside its
-    items (``history[].stage``, ``stages[].bakedSince``), so they are dropped here too."""
-    if not isinstance(patch, dict):
-        return _without_nulls(patch)
-    out = dict(current) if isinstance(current, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = _merged(out.get(key), value)
-    return out
-
-
-def _without_nulls(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
-    return value
 
 
 def _verdict(decision: Decision) -> str:
