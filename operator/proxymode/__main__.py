@@ -81,7 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         proxymode.handlers.telemetry.serve(args.metrics_address)
     kopf.configure(verbose=args.verbose)
     if args.peering is not None:
-        proxymode.handlers.ensure_peering(args.peering)
+        from proxymode.kube.peering import PeeringUnavailableError  # noqa: PLC0415 - as above
+
+        try:
+            proxymode.handlers.ensure_peering(args.peering)
+        except PeeringUnavailableError as e:
+            print(f"proxymode-operator: {e}", file=sys.stderr)
+            return 1
     settings = kopf.OperatorSettings()
     settings.peering.lifetime = max(2, args.peering_lifetime)
     settings.peering.stealth = True  # a keep-alive every few seconds is not news

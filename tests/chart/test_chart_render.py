@@ -208,7 +208,7 @@ def test_cluster_role_is_exactly_what_the_operator_uses(bins: Path) -> None:
         ("", "services"): {"list", "get"},  # get: the ClusterIP of spec.verify.service
         ("discovery.k8s.io", "endpointslices"): {"list"},
         # Peering, on by default (the two replicas' keep-alives; create: the object when missing).
-        ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch", "create"},
+        ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch", "create"},
     }
 
 
@@ -293,7 +293,13 @@ def test_peering_is_on_by_default_and_brings_its_own_rbac(bins: Path) -> None:
         grants = _grants(_rules(on))
         # create: the operator makes the peering object when it is missing; it is no Helm
         # hook, which every upgrade and Argo CD sync would recreate empty (both replicas act).
-        assert grants[("kopf.dev", "clusterkopfpeerings")] == {"list", "watch", "patch", "create"}
+        assert grants[("kopf.dev", "clusterkopfpeerings")] == {
+            "get",
+            "list",
+            "watch",
+            "patch",
+            "create",
+        }
         assert by_kind(on, "ClusterKopfPeering") == []
         (container,) = one(on, "Deployment")["spec"]["template"]["spec"]["containers"]
         assert "--peering=proxymode" in container["args"]

@@ -488,6 +488,7 @@ RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
         ("delete", "proxymodepolicies.proxymode.io", "", False),
         ("patch", "clusterkopfpeerings.kopf.dev", "", True),
         ("create", "clusterkopfpeerings.kopf.dev", "", True),  # made when missing
+        ("get", "clusterkopfpeerings.kopf.dev", "", True),  # read first at start
         ("escalate", "clusterroles.rbac.authorization.k8s.io", "", False),
     ],
     ids=lambda c: f"{c[0]}-{c[1]}-{c[2] or 'cluster'}",

@@ -79,7 +79,11 @@ def test_defaults_are_applied_by_the_api_server(policies: client.CustomObjectsAp
 
 
 def under_phase(
-    policies: client.CustomObjectsApi, name: str, phase: str, spec: dict[str, Any]
+    policies: client.CustomObjectsApi,
+    name: str,
+    phase: str,
+    spec: dict[str, Any],
+    backup: dict[str, str] | None = None,
 ) -> ApiException | None:
     """Patch ``spec`` while the stored phase is ``phase``: the refusal, or None if accepted.
 
@@ -90,7 +94,8 @@ def under_phase(
     """
     before = policies.get_cluster_custom_object(G, V, P, name)["spec"]
     for _ in range(10):
-        policies.patch_cluster_custom_object_status(G, V, P, name, {"status": {"phase": phase}})
+        stored = {"phase": phase, "backup": backup}  # no backup: the field is cleared
+        policies.patch_cluster_custom_object_status(G, V, P, name, {"status": stored})
         try:
             policies.patch_cluster_custom_object(G, V, P, name, {"spec": spec})
         except ApiException as refused:
@@ -145,6 +150,12 @@ def test_target_mode_is_immutable_while_a_rollout_is_in_flight(
         assert under_phase(policies, name, "RolledBack", {"targetMode": "nftables"}) is None
         got = policies.get_cluster_custom_object(G, V, P, name)
         assert got["spec"]["targetMode"] == "nftables" and got["spec"]["paused"] is True
-        assert under_phase(policies, name, "Failed", other) is None
+        assert under_phase(policies, name, "Failed", other) is None  # refused at preflight
+        # A run that failed after changing something (its snapshot) still holds that kube-proxy.
+        back = {"kubeProxy": {"namespace": "kube-system"}}
+        refused = under_phase(
+            policies, name, "Failed", back, backup={"namespace": "x", "name": "y"}
+        )
+        assert refused is not None and refused.status == 422, "changed under a snapshot"
     finally:
         policies.delete_cluster_custom_object(G, V, P, name)

@@ -46,12 +46,13 @@ ROOT_RULES = [
     {
         # The rollout's objects (the snapshot, the target pair, the source it patched) are
         # the kube-proxy this names: another one mid-run would leave the first unrestorable.
+        # Failed only when nothing was changed (no snapshot): a run that failed to finalize
+        # or to roll back still has the source patched and nodes labelled.
         "rule": (
             "!has(oldSelf.spec) || self.spec.kubeProxy == oldSelf.spec.kubeProxy"
             " || !has(self.status) || !has(self.status.phase)"
-            " || self.status.phase in ["
-            + ", ".join(f"'{p}'" for p in models.Phase if p in models.TARGET_EDITABLE_PHASES)
-            + "]"
+            " || self.status.phase in ['Pending', 'RolledBack']"
+            " || (self.status.phase == 'Failed' && !has(self.status.backup))"
         ),
         "message": (
             "kubeProxy cannot change while a rollout is in flight or after it completed: the"

@@ -23,7 +23,6 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
 
 from proxymode.engine.actions import EmitEvent
 
@@ -33,6 +32,8 @@ NAMESPACE = "default"
 """Where a cluster-scoped object's Events are kept (as the node controller keeps Node's)."""
 COMPONENT = "proxymode"
 MAX_MESSAGE = 1024
+POST_TIMEOUT_SECONDS = 10.0
+"""A hung POST must not hold every later Event behind it."""
 QUEUE_SIZE = 10_000
 """Events waiting to be posted; beyond, new ones are dropped (and logged), never the look."""
 
@@ -59,7 +60,7 @@ def event_body(policy: Mapping[str, Any], event: EmitEvent, now: datetime) -> di
         },
         "type": event.type,
         "reason": event.reason,
-        "message": event.message[:MAX_MESSAGE],
+        "message": _cut(event.message),
         "action": event.reason,
         "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT,
@@ -69,6 +70,14 @@ def event_body(policy: Mapping[str, Any], event: EmitEvent, now: datetime) -> di
         "eventTime": stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "count": 1,
     }
+
+
+def _cut(message: str) -> str:
+    """At most ``MAX_MESSAGE`` bytes of UTF-8 (the API server counts bytes), whole characters."""
+    raw = message.encode()
+    if len(raw) <= MAX_MESSAGE:
+        return message
+    return raw[: MAX_MESSAGE - 3].decode(errors="ignore") + "..."
 
 
 class EventPoster:
@@ -96,9 +105,13 @@ class EventPoster:
             if body is None:
                 return
             try:
-                self.core.create_namespaced_event(NAMESPACE, body)  # type: ignore[arg-type]
+                self.core.create_namespaced_event(
+                    NAMESPACE,
+                    body,  # type: ignore[arg-type]
+                    _request_timeout=POST_TIMEOUT_SECONDS,
+                )
                 self.posted += 1
-            except (ApiException, HTTPError) as e:
+            except Exception as e:  # one Event lost, never the thread
                 self.dropped += 1
                 reason = e.status if isinstance(e, ApiException) else type(e).__name__
                 log.warning("could not post an Event (%s): %s", reason, body.get("message"))

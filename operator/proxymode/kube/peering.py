@@ -11,6 +11,8 @@ object keeps every replica's keep-alive across upgrades (decision 0071).
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -20,30 +22,65 @@ log = logging.getLogger(__name__)
 GROUP, VERSION, PLURAL, KIND = "kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering"
 
 
-def ensure_peering(api: client.ApiClient, name: str) -> bool:
-    """Create the peering object ``name`` unless it exists; True if this call created it.
+RETRY_SECONDS = 2.0
+WAIT_SECONDS = 120.0
+"""How long a start waits for the peering object to be readable or creatable: the chart's
+peering CRD and RBAC are applied beside the Deployment, so the first start may come before
+the CRD is served or the binding is in effect."""
 
-    An existing object is left as it is (its keep-alives are the peers'). A refusal (no
-    RBAC to create it, no CRD) is logged and not raised: kopf then says the object is
-    missing and waits for it, which is what an administrator who made it by hand expects.
+
+class PeeringUnavailableError(RuntimeError):
+    """The peering object neither exists nor can be created: the replica would wait forever."""
+
+
+def ensure_peering(
+    api: client.ApiClient,
+    name: str,
+    *,
+    wait_seconds: float = WAIT_SECONDS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Make sure the peering object ``name`` exists; True if this call created it.
+
+    Read first (an object an administrator made is used as it is, even without the right to
+    create one), then created when missing (409: another replica made it first). While the
+    CRD is not served or RBAC refuses (404, 403), it tries again for ``wait_seconds``; then
+    it raises: kopf would keep a replica without the object paused for good, with a healthy
+    liveness probe and no word why, so the operator stops and says so instead.
     """
     custom = client.CustomObjectsApi(api)
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": {"name": name}}
-    try:
-        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
-    except ApiException as e:
-        if e.status == 409:
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
             return False
-        if e.status in (403, 404):
-            log.warning(
-                "could not create the %s %r (HTTP %s): create it, or install kopf's peering"
-                " CRD (crds/kopf.dev_clusterkopfpeerings.yaml); until it exists this replica"
-                " waits",
-                KIND,
-                name,
-                e.status,
+        except ApiException as e:
+            if e.status not in (403, 404):
+                raise
+            refused = e
+        try:
+            custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            if e.status not in (403, 404):
+                raise
+            refused = e
+        else:
+            log.info("created the %s %r", KIND, name)
+            return True
+        if time.monotonic() >= deadline:
+            raise PeeringUnavailableError(
+                f"the {KIND} {name!r} does not exist and could not be created (HTTP"
+                f" {refused.status}: {refused.reason}): install kopf's peering CRD"
+                " (crds/kopf.dev_clusterkopfpeerings.yaml) and grant get and create on"
+                " clusterkopfpeerings, or create the object yourself"
             )
-            return False
-        raise
-    log.info("created the %s %r", KIND, name)
-    return True
+        log.warning(
+            "the %s %r cannot be read or created yet (HTTP %s); trying again",
+            KIND,
+            name,
+            refused.status,
+        )
+        sleep(RETRY_SECONDS)

@@ -28,7 +28,7 @@ from proxymode.api.models import Analysis, Phase, ProxyModePolicy
 from proxymode.api.reasons import EventReason
 from proxymode.engine.actions import Action, Decision, EmitEvent, SetNodeMode
 from proxymode.engine.machine import advance
-from proxymode.engine.observed import Observed
+from proxymode.engine.observed import ACTION_ANNOTATION, Observed
 from proxymode.engine.second_look import needs_second_look
 from proxymode.engine.summary import refused
 from proxymode.kube import object_cache, rounds, series
@@ -210,10 +210,12 @@ class Reconciler:
                 release_finalizer=deleting and pending,
                 phase=str(policy.status.phase),
             )
-        body, policy, observed = self._measure(
-            name, body, policy, observed, now=now, deleting=deleting
-        )
-        deleting = deleting or bool(body["metadata"].get("deletionTimestamp"))
+        measured = self._measure(name, body, policy, observed, now=now, deleting=deleting)
+        if measured is None:  # gone while its round ran: nothing is acted on
+            self.forget(name)
+            return Outcome(requeue_seconds=0, release_finalizer=True, gone=True)
+        body, policy, observed = measured
+        deleting = observed.deleting
         clock.done("measure")
         decision = advance(policy, observed)
         decision, observed = self._second_look(name, policy, observed, decision, deleting=deleting)
@@ -243,7 +245,9 @@ class Reconciler:
         clock.flush()
         return Outcome(
             requeue_seconds=decision.requeue_seconds,
-            release_finalizer=decision.release_finalizer,
+            # Not when the batch stopped short: what it did not do (a label left on a node)
+            # would be left for good once the policy is gone.
+            release_finalizer=decision.release_finalizer and done == len(decision.actions),
             phase=str(decision.status.phase),
         )
 
@@ -256,9 +260,9 @@ class Reconciler:
         *,
         now: datetime,
         deleting: bool,
-    ) -> tuple[dict[str, Any], ProxyModePolicy, Observed]:
+    ) -> tuple[dict[str, Any], ProxyModePolicy, Observed] | None:
         """Prometheus's part of a look: the node series when due, the analysis round when
-        due; after a slow round, the policy as it is now (``_reread``)."""
+        due; after a slow round, the policy as it is now (``_reread``; None: it is gone)."""
         if series.due(policy, deleting=deleting):
             observed = replace(
                 observed, series=series.look(policy, observed, partial(self.prometheus, name))
@@ -274,19 +278,30 @@ class Reconciler:
 
     def _reread(
         self, name: str, body: dict[str, Any], policy: ProxyModePolicy, observed: Observed
-    ) -> tuple[dict[str, Any], ProxyModePolicy, Observed]:
-        """The policy again after a slow analysis round: an abort, a pause or a spec edit
-        made while Prometheus answered is acted on in this look, not the next one (a review
-        waited 16 s for an abort behind a round of 4 s queries). The round is kept unless
-        the analysis it measured was edited; an unreadable or invalid read keeps the first."""
+    ) -> tuple[dict[str, Any], ProxyModePolicy, Observed] | None:
+        """The policy again after a slow analysis round: an abort, a pause, a deletion or a
+        spec edit made while Prometheus answered is acted on in this look, not the next one
+        (a review waited 16 s for an abort behind a round of 4 s queries). What the engine
+        reads of the policy through ``Observed`` (its action, generation, deletion) comes
+        from this read too; the round is kept unless the analysis it measured was edited.
+        None: the policy is gone. An unreadable or invalid read keeps the first."""
         try:
             fresh = self.read(name)
-            again = models.from_wire(fresh) if fresh is not None else None
+            if fresh is None:
+                return None
+            again = models.from_wire(fresh)
         except (ApiException, HTTPError, ValidationError) as e:
             log.info("policy %s: not read again after a slow round: %s", name, e)
             return body, policy, observed
-        if fresh is None or again is None or policy_key(fresh) == policy_key(body):
+        if policy_key(fresh) == policy_key(body):
             return body, policy, observed
+        meta = fresh.get("metadata") or {}
+        observed = replace(
+            observed,
+            action=(meta.get("annotations") or {}).get(ACTION_ANNOTATION),
+            generation=int(meta.get("generation") or 0),
+            deleting=observed.deleting or bool(meta.get("deletionTimestamp")),
+        )
         if again.spec.analysis != policy.spec.analysis:
             observed = replace(observed, analysis=None)  # measured for the old checks
         return fresh, again, observed

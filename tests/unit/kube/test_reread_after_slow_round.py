@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from proxymode.engine.machine import advance
 from proxymode.engine.observed import ACTION_ANNOTATION, AnalysisRound
 from proxymode.kube import reconcile, rounds
 from proxymode.kube.reconcile import Reconciler
@@ -55,13 +56,30 @@ def test_an_abort_set_during_a_slow_round_is_in_the_look_that_decides() -> None:
     rec = _Reads(fresh)
     policy = reconcile.models.from_wire(body)
     observed = Sim.cluster({"general": 2}).observe(policy="to-nft")
-    got_body, got_policy, got = rec._measure(
-        "to-nft", body, policy, observed, now=NOW, deleting=False
-    )
+    measured = rec._measure("to-nft", body, policy, observed, now=NOW, deleting=False)
+    assert measured is not None
+    got_body, got_policy, got = measured
     assert rec.reads == 1
     assert got_body["metadata"]["annotations"] == {ACTION_ANNOTATION: "abort"}
+    assert got.action == "abort", "the engine reads the action from Observed"
     assert got.analysis is not None, "the same checks: the round is kept"
     assert got_policy.spec == policy.spec
+    # And the engine, given that, aborts in this look.
+    decision = advance(got_policy, got)
+    assert decision.status.handled_action == "abort"
+
+
+@pytest.mark.usefixtures("slow_round")
+def test_a_deletion_during_a_slow_round_is_seen_and_a_policy_gone_is_not_acted_on() -> None:
+    body = _wire()
+    fresh = _wire()
+    fresh["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:01Z"
+    policy = reconcile.models.from_wire(body)
+    observed = Sim.cluster({"general": 2}).observe(policy="to-nft")
+    measured = _Reads(fresh)._measure("to-nft", body, policy, observed, now=NOW, deleting=False)
+    assert measured is not None and measured[2].deleting
+    gone = _Reads(None)._measure("to-nft", body, policy, observed, now=NOW, deleting=False)
+    assert gone is None
 
 
 @pytest.mark.usefixtures("slow_round")
@@ -73,9 +91,12 @@ def test_an_edit_of_the_checks_drops_the_round_measured_for_the_old_ones() -> No
     rec = _Reads(fresh)
     policy = reconcile.models.from_wire(body)
     observed = Sim.cluster({"general": 2}).observe(policy="to-nft")
-    _, got_policy, got = rec._measure("to-nft", body, policy, observed, now=NOW, deleting=False)
+    measured = rec._measure("to-nft", body, policy, observed, now=NOW, deleting=False)
+    assert measured is not None
+    _, got_policy, got = measured
     assert got_policy.spec.analysis is not None and got_policy.spec.analysis.interval_seconds == 30
     assert got.analysis is None
+    assert got.generation == 2, "observedGeneration is the spec decided on"
 
 
 @pytest.mark.usefixtures("slow_round")
@@ -84,7 +105,7 @@ def test_nothing_changed_keeps_the_first_read() -> None:
     rec = _Reads(copy.deepcopy(body))
     policy = reconcile.models.from_wire(body)
     observed = Sim.cluster({"general": 2}).observe(policy="to-nft")
-    got_body, got_policy, got = rec._measure(
-        "to-nft", body, policy, observed, now=NOW, deleting=False
-    )
+    measured = rec._measure("to-nft", body, policy, observed, now=NOW, deleting=False)
+    assert measured is not None
+    got_body, got_policy, got = measured
     assert got_body is body and got_policy is policy and got.analysis is not None
