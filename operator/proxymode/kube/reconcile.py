@@ -42,6 +42,8 @@ from proxymode.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
+FORBIDDEN_PREFIX = "not allowed to read what this policy needs"
+"""How ``status.message`` starts while RBAC refuses a look's reads."""
 REREAD_AFTER_SECONDS = 1.0
 """An analysis round longer than this is followed by a read of the policy (``_reread``)."""
 UNREAD_RETRY_SECONDS = 5.0
@@ -188,28 +190,7 @@ class Reconciler:
         except ApiException as e:
             if e.status != 403:
                 raise
-            # RBAC refuses a look (typically spec.kubeProxy.namespace is not one the chart
-            # granted): say so where the user looks, change nothing, look again later.
-            message = f"not allowed to read what this policy needs: {_forbidden(e)}"
-            pending = policy.status.phase == Phase.PENDING
-            if deleting and not pending:
-                message += (
-                    "; the deletion waits (nodes may need walking back): grant the access"
-                    " again, or see docs/install.md#a-deletion-that-cannot-go-on"
-                )
-            if policy.status.message != message:
-                self.events(body, EmitEvent(EventReason.FORBIDDEN, message, "Warning"))
-            generation = int(body["metadata"].get("generation") or 0)
-            held = refused(policy.status, message, generation, now)
-            conditions = held.model_dump(by_alias=True, mode="json")["conditions"]
-            self._store(name, {"message": message, "conditions": conditions}, body)
-            # Still Pending: preflight never ran, so nothing was changed and a deleted
-            # policy may go at once.
-            return Outcome(
-                requeue_seconds=60 if not deleting else 5,
-                release_finalizer=deleting and pending,
-                phase=str(policy.status.phase),
-            )
+            return self._refused(name, body, policy, e, deleting=deleting, now=now)
         measured = self._measure(name, body, policy, observed, now=now, deleting=deleting)
         if measured is None:  # gone while its round ran: nothing is acted on
             self.forget(name)
@@ -219,6 +200,11 @@ class Reconciler:
         clock.done("measure")
         decision = advance(policy, observed)
         decision, observed = self._second_look(name, policy, observed, decision, deleting=deleting)
+        said = decision.status.message or ""
+        if said.startswith(FORBIDDEN_PREFIX) and said == policy.status.message:
+            # Access is back (this look read everything): a phase that keeps its message
+            # (Completed, RolledBack, a spec pause) would keep saying it was refused.
+            decision.status.message = None
         clock.done("decide")
         done = self._act(name, body, policy, decision.actions)
         clock.done("act")
@@ -249,6 +235,39 @@ class Reconciler:
             # would be left for good once the policy is gone.
             release_finalizer=decision.release_finalizer and done == len(decision.actions),
             phase=str(decision.status.phase),
+        )
+
+    def _refused(
+        self,
+        name: str,
+        body: dict[str, Any],
+        policy: ProxyModePolicy,
+        error: ApiException,
+        *,
+        deleting: bool,
+        now: datetime,
+    ) -> Outcome:
+        """RBAC refuses a look (typically spec.kubeProxy.namespace is not one the chart
+        granted): say so where the user looks, change nothing, look again later."""
+        message = f"{FORBIDDEN_PREFIX}: {_forbidden(error)}"
+        pending = policy.status.phase == Phase.PENDING
+        if deleting and not pending:
+            message += (
+                "; the deletion waits (nodes may need walking back): grant the access"
+                " again, or see docs/install.md#a-deletion-that-cannot-go-on"
+            )
+        if policy.status.message != message:
+            self.events(body, EmitEvent(EventReason.FORBIDDEN, message, "Warning"))
+        generation = int(body["metadata"].get("generation") or 0)
+        held = refused(policy.status, message, generation, now)
+        conditions = held.model_dump(by_alias=True, mode="json")["conditions"]
+        self._store(name, {"message": message, "conditions": conditions}, body)
+        # Still Pending: preflight never ran, so nothing was changed and a deleted policy
+        # may go at once.
+        return Outcome(
+            requeue_seconds=60 if not deleting else 5,
+            release_finalizer=deleting and pending,
+            phase=str(policy.status.phase),
         )
 
     def _measure(
