@@ -291,10 +291,11 @@ def render(v: Mapping[str, Any], now: datetime) -> str:
     if v["events"]:
         out.append("")
         out.append(f"Events (last {len(v['events'])})")
+        wide = max(20, *(len(str(e.get("reason", ""))) for e in v["events"]))
         for e in v["events"]:
             kind = "Warning" if e.get("type") == "Warning" else "Normal"
             out.append(
-                f"  {e['age']:>6}  {kind:<7}  {e.get('reason', ''):<20} {e.get('message', '')}"
+                f"  {e['age']:>6}  {kind:<7}  {e.get('reason', ''):<{wide}} {e.get('message', '')}"
             )
     return "\n".join(out) + "\n"
 
@@ -346,7 +347,11 @@ def _preflight(preflight: Mapping[str, Any]) -> list[str]:
     if preflight.get("passed") is None:
         return []
     verdict = "passed" if preflight["passed"] else "REFUSED"
-    out = ["", f"Preflight {verdict}, {len(preflight['findings'])} findings"]
+    out = [
+        "",
+        f"Preflight {verdict}, {len(preflight['findings'])}"
+        f" finding{'' if len(preflight['findings']) == 1 else 's'}",
+    ]
     for f in preflight["findings"]:
         nodes = f.get("nodes") or []
         on = f" [{', '.join(nodes[:5])}{', ...' if len(nodes) > 5 else ''}]" if nodes else ""

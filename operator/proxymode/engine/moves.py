@@ -217,8 +217,9 @@ def _arriving(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
         # kernel lacks, a config it refuses) will not mend by waiting out the ready timeout;
         # a moved node whose proxy restarts fails the run all the same (health_failure).
         pod = crashed[0]
+        times = "time" if pod.restarts == 1 else "times"
         result.failure = (
-            f"kube-proxy pod {pod.name} on node {move.node} restarted {pod.restarts} times"
+            f"kube-proxy pod {pod.name} on node {move.node} restarted {pod.restarts} {times}"
             " before it was ever Ready"
         )
         return result

@@ -22,7 +22,8 @@ def health_failure(look: Look) -> str | None:
         for pod in look.obs.pods_on(name):
             where = f"kube-proxy pod {pod.name} on node {name}"
             if pod.restarts > 0:
-                return f"{where} restarted {pod.restarts} times"
+                times = "time" if pod.restarts == 1 else "times"
+                return f"{where} restarted {pod.restarts} {times}"
             if pod.ready or pod.terminating:
                 continue
             # Timed from when it stopped being Ready (or started, if it never was): one

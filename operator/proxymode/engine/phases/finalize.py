@@ -18,6 +18,7 @@ from proxymode.engine.restore import (
     rolled_out,
 )
 from proxymode.engine.setup import kube_proxy_version
+from proxymode.engine.stages import nodes
 from proxymode.kubeproxy import ConfigError, parse_config, with_mode
 
 
@@ -52,7 +53,7 @@ def look(lk: Look) -> Phase | None:
     labelled = moves.labelled(lk, lk.planned())
     if labelled or lk.status.moves:
         moves.start_moves(lk, labelled, MoveDirection.HANDBACK)
-        lk.status.message = f"handing {len(labelled)} nodes back to the source DaemonSet"
+        lk.status.message = f"handing {nodes(len(labelled))} back to the source DaemonSet"
         lk.requeue = 2
         return None
     if _restore_source(lk, backup, src_ds):

@@ -17,6 +17,7 @@ from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, ProxyKind
 from proxymode.engine.preflight.nodes import scheduled_by
 from proxymode.engine.restore import generation_observed, patch_config_data, restore
+from proxymode.engine.stages import nodes
 
 
 def look(lk: Look) -> Phase | None:
@@ -43,7 +44,7 @@ def look(lk: Look) -> Phase | None:
                 stage.phase = StagePhase.ROLLING_BACK
                 lk.event(
                     EventReason.STAGE_ROLLING_BACK,
-                    f"stage {stage.name}: moving {len(pending)} nodes back",
+                    f"stage {stage.name}: moving {nodes(len(pending))} back",
                 )
             moves.start_moves(lk, pending, MoveDirection.BACK)
             lk.soon(2)

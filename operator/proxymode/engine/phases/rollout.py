@@ -24,7 +24,7 @@ from proxymode.engine.gate import GateVerdict
 from proxymode.engine.look import Look
 from proxymode.engine.observed import MODE_LABEL, CheckOutcome, ProxyKind
 from proxymode.engine.setup import ensure_setup
-from proxymode.engine.stages import covers_every_node, refresh_plan, start_stage
+from proxymode.engine.stages import covers_every_node, nodes, refresh_plan, start_stage
 
 
 def look(lk: Look) -> Phase | None:
@@ -72,7 +72,7 @@ def look(lk: Look) -> Phase | None:
     lk.transition(
         Phase.ANALYZING,
         EventReason.STAGE_BAKING,
-        f"stage {stage.name}: all {len(done)} nodes moved; baking",
+        f"stage {stage.name}: all {nodes(len(done))} moved; baking",
     )
     return _bake(lk, index)
 
@@ -315,7 +315,7 @@ def _end_of_stages(lk: Look) -> Phase | None:
     lk.transition(
         Phase.COMPLETED,
         EventReason.COMPLETED,
-        f"{planned} nodes run {lk.spec.target_mode}; the others stay on"
+        f"{nodes(planned)} run {lk.spec.target_mode}; the others stay on"
         f" {lk.status.source_mode}, both DaemonSets kept (mixed mode)",
     )
     lk.requeue = 60

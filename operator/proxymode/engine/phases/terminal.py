@@ -8,7 +8,7 @@ from proxymode.engine import moves, naming, node_checks
 from proxymode.engine.actions import DeleteObject
 from proxymode.engine.commands import retry
 from proxymode.engine.look import Look
-from proxymode.engine.stages import refresh_plan
+from proxymode.engine.stages import nodes, refresh_plan
 
 
 def look(lk: Look) -> Phase | None:
@@ -47,7 +47,7 @@ def _keep_mixed_mode(lk: Look) -> None:
     if not failure:
         done = sum(stage.nodes_done for stage in lk.status.stages)
         lk.status.message = (
-            f"{done} nodes run {lk.spec.target_mode}; the others stay on"
+            f"{nodes(done)} run {lk.spec.target_mode}; the others stay on"
             f" {lk.status.source_mode}, both DaemonSets kept (mixed mode)"
         )
 
