@@ -16,7 +16,7 @@ from typing import Any
 from proxymode.engine import objects
 from proxymode.engine.actions import DeleteObject, PatchObject
 from proxymode.engine.look import Look
-from proxymode.engine.observed import Object
+from proxymode.engine.observed import Object, ProxyKind
 
 
 def template_hash(ds: Object | None) -> str | None:
@@ -165,8 +165,23 @@ def restore(look: Look) -> bool:
         look, src_cm, original_data, "restore the source ConfigMap from the snapshot"
     ):
         return False
-    if src_ds is not None and not rolled_out(src_ds):
+    if src_ds is not None and not (rolled_out(src_ds) and _source_pods_settled(look)):
         look.status.message = "waiting for the source DaemonSet to settle"
         look.requeue = 2
         return False
     return done
+
+
+def _source_pods_settled(look: Look) -> bool:
+    """Every node with a source kube-proxy has one that is Ready and not on its way out.
+
+    The DaemonSet's status alone can say "rolled out" mid-restart: it counts a node Ready
+    while its old pod, terminating, still is, and updated once the new pod exists, not yet
+    Ready (a review saw RolledBack while a restored template's restart was still under way
+    on a node, with no kube-proxy serving it for a moment)."""
+    serving: dict[str, bool] = {}
+    for pod in look.obs.pods:
+        if pod.kind == ProxyKind.SOURCE:
+            ok = pod.ready and not pod.terminating
+            serving[pod.node] = serving.get(pod.node, False) or ok
+    return all(serving.values())
