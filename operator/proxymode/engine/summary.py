@@ -30,9 +30,14 @@ def derive_summary(look: Look) -> None:
     planned = look.planned()
     moved = [n for n in planned if look.at_target(n)]
     if st.phase == Phase.FINALIZING or (st.phase == Phase.COMPLETED and st.finalized):
-        # Finalizing hands nodes back to the source DaemonSet, now in the target mode:
-        # count those, so the figure keeps rising to n/n.
-        moved = [n for n in planned if (v := look.obs.node(n)) and v.mode_label is None]
+        # Finalizing hands nodes back to the source DaemonSet, now in the target mode: a node
+        # handed back still runs the target, so it still counts (the figure stays n/n; it
+        # fell to the handed-back count, 7/7 to 1/7, which read as nodes going back).
+        moved = [
+            n
+            for n in planned
+            if (v := look.obs.node(n)) and v.mode_label in (None, look.target_mode)
+        ]
     st.node_progress = f"{len(moved)}/{len(planned)}" if planned else None
     set_conditions(look)
 
