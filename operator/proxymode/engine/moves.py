@@ -17,6 +17,7 @@ Directions:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -238,6 +239,17 @@ def _arriving(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
             f" ({what}; limit {limit}s)"
         )
     return result
+
+
+def done(look: Look, names: Sequence[str]) -> list[str]:
+    """Of ``names``, those moved: on the target label, its kube-proxy healthy, and no move of
+    theirs still in flight (Ready but not verified yet is not moved)."""
+    moving = {m.node for m in look.status.moves}
+    return [
+        n
+        for n in names
+        if n not in moving and look.at_target(n) and healthy_proxy(look.obs, n, look.target_mode)
+    ]
 
 
 def healthy_proxy(observed: Observed, node: str, target_mode: str) -> bool:

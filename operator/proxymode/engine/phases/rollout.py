@@ -43,12 +43,7 @@ def look(lk: Look) -> Phase | None:
         return None
     _walk_back_hand_labels(lk)
     held = moves.start_moves(lk, node_checks.forward_todo(lk), MoveDirection.FORWARD)
-    moving = {m.node for m in lk.status.moves}  # Ready but not verified yet is not moved
-    done = [
-        n
-        for n in stage.nodes
-        if moves.healthy_proxy(lk.obs, n, lk.target_mode) and lk.at_target(n) and n not in moving
-    ]
+    done = moves.done(lk, stage.nodes)
     stage.nodes_done = len(done)
     if len(done) < len(stage.nodes) or lk.status.moves:
         # A newcomer joins a stage that bakes: its rounds still count (issue 9 item 19).

@@ -35,15 +35,8 @@ def _keep_mixed_mode(lk: Look) -> None:
     lk.requeue = 2 if lk.status.moves else 60
     # A newcomer counts once it runs the target: each stage's nodesDone and the summary say
     # what runs now, not what ran when the policy completed (a review saw 4/5 and "6 nodes").
-    moving = {m.node for m in lk.status.moves}
     for stage in lk.status.stages:
-        stage.nodes_done = sum(
-            1
-            for n in stage.nodes
-            if n not in moving
-            and lk.at_target(n)
-            and moves.healthy_proxy(lk.obs, n, lk.target_mode)
-        )
+        stage.nodes_done = len(moves.done(lk, stage.nodes))
     if not failure:
         done = sum(stage.nodes_done for stage in lk.status.stages)
         lk.status.message = (
