@@ -145,6 +145,13 @@ def test_plan_shows_the_engine_s_plan_and_changes_nothing(
     bad.write_text(path.read_text().replace("nftables", "userspace"))
     refused = kubectl_proxymode(sandbox, "plan", "-f", str(bad))
     assert refused.returncode == 1 and "spec.targetMode" in refused.stderr
+    # A run preflight would refuse (legacy-1's kernel, incompatibleNodes left at Fail): the
+    # plan is still printed, and the exit code says so, as `status` says Failed.
+    (tmp_path / "strict").mkdir()
+    strict = policy_file(tmp_path / "strict", namespace, stages=STAGES)
+    would_not = kubectl_proxymode(sandbox, "plan", "-f", str(strict))
+    assert would_not.returncode == 4, would_not
+    assert "REFUSED" in would_not.stdout and "legacy-1" in would_not.stdout
     assert versions(api, namespace) == before
 
 

@@ -22,6 +22,10 @@ from proxymode.cli import planning
 from proxymode.cli.client import ClientError, Cluster
 from proxymode.cli.common import common_flags, connection, emit
 
+EXIT_REFUSED = 4
+"""``plan``'s code when the run would not start: ``status``'s code for a policy whose preflight
+refused it (Failed)."""
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
@@ -89,4 +93,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(planning.render(v), end="")
     else:
         emit(v, args.output)
-    return 0
+    # A refused preflight is the answer a pipeline gates on: the same code `status` gives a
+    # policy that Failed its preflight (docs/plugin.md, exit codes), the plan printed either way.
+    return 0 if v["wouldStart"] else EXIT_REFUSED
