@@ -254,3 +254,40 @@ def test_a_baseline_from_source_proxies_still_settling_is_replaced_once_they_set
     run.until(terminal, hook=settle)
     baseline = run.policy.status.baseline
     assert baseline.metrics == {"sync-latency": 0.3} and baseline.provisional == []
+
+
+def test_a_baked_stage_says_it_warms_up_then_how_many_passing_rounds_it_has() -> None:
+    """A stage that has baked waits for the gate. While the analysis warms up no round
+    counts; the status says so with the time it ends (not a countdown: an idle look writes
+    nothing), then how many passing rounds it has of those it needs, and where a round is
+    left out for old-proxy samples, that reason (issue 9 item 27)."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    sim.verdict = "Pass"
+    stages = [{**s, "bakeSeconds": 0} for s in THREE_STAGES]
+    run = Run(
+        sim,
+        make_policy(
+            stages=stages, analysis={**ANALYSIS, "warmupSeconds": 60, "minPassingRounds": 3}
+        ),
+    )
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    baked_since = run.policy.status.stages[0].baked_since
+    assert baked_since is not None
+    warm = run.policy.status.message
+    assert "analysis warming up until" in warm and "warmupSeconds 60" in warm, warm
+    run.step()
+    assert run.policy.status.message == warm  # the same words on the next look
+    run.until(lambda p: "waiting for passing analysis rounds" in p.status.message)
+    assert (sim.now - baked_since).total_seconds() >= 60
+    assert "of 3, each check passing" in run.policy.status.message
+    run.until(lambda p: (p.status.current_stage or 0) >= 1)
+
+
+def test_a_round_left_out_for_old_proxy_samples_says_so() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    sim.verdict = "Pass"
+    stages = [{**s, "bakeSeconds": 0} for s in THREE_STAGES]
+    run = Run(sim, make_policy(stages=stages, analysis={**ANALYSIS, "windowSeconds": 300}))
+    run.until(lambda p: "round not counted" in p.status.message)
+    assert "300s window reaches back before the latest switch" in run.policy.status.message
+    assert run.policy.status.phase == Phase.ANALYZING

@@ -114,12 +114,13 @@ def _bake(lk: Look, index: int) -> Phase | None:
         # The end time, not a countdown: the same words on every look while the stage
         # bakes, so an idle look writes no status (a countdown rewrote it every look).
         ends = (stage.baked_since or lk.now) + timedelta(seconds=spec_stage.bake_seconds)
-        lk.status.message = (
-            f"stage {stage.name}: baking until {ends:%Y-%m-%dT%H:%M:%SZ}"
-            f" ({spec_stage.bake_seconds}s)"
-            if remaining > 0
-            else f"stage {stage.name}: baked; waiting for passing analysis rounds"
-        )
+        if remaining > 0:
+            lk.status.message = (
+                f"stage {stage.name}: baking until {ends:%Y-%m-%dT%H:%M:%SZ}"
+                f" ({spec_stage.bake_seconds}s)"
+            )
+        elif not lk.round_left_out:  # else _gate said why this look's round was left out
+            lk.status.message = _waiting_for_rounds(lk, stage)
         return None
     behind = node_checks.forward_todo(lk)
     if index + 1 == len(lk.status.stages) and (behind or lk.status.moves):
@@ -146,6 +147,27 @@ def _bake(lk: Look, index: int) -> Phase | None:
         lk.requeue = 1
         return None
     return _end_of_stages(lk)
+
+
+def _waiting_for_rounds(lk: Look, stage: StageStatus) -> str:
+    """Why a baked stage still waits: the warm-up (rounds in it are not counted, so a
+    person sees the gate is not stuck) or the passing rounds it has of those it needs. The
+    same words on every look between two rounds, so an idle look writes no status."""
+    analysis = lk.spec.analysis
+    counted = lk.status.analysis.passing_rounds if lk.status.analysis else 0
+    if analysis is None or stage.baked_since is None:
+        return f"stage {stage.name}: baked; waiting for passing analysis rounds"
+    warm_until = stage.baked_since + timedelta(seconds=analysis.warmup_seconds)
+    if lk.now < warm_until:
+        return (
+            f"stage {stage.name}: baked; analysis warming up until"
+            f" {warm_until:%Y-%m-%dT%H:%M:%SZ} (warmupSeconds {analysis.warmup_seconds}):"
+            " rounds before then are not counted"
+        )
+    return (
+        f"stage {stage.name}: baked; waiting for passing analysis rounds"
+        f" ({counted} of {analysis.min_passing_rounds}, each check passing)"
+    )
 
 
 def _gate(lk: Look, stage: StageStatus) -> GateVerdict | None:
@@ -176,6 +198,7 @@ def _gate(lk: Look, stage: StageStatus) -> GateVerdict | None:
         warmed = (round_.time - warm_from).total_seconds() >= analysis.warmup_seconds
         clear = gate.window_after_switch(analysis, round_, warm_from)
         if warmed and not clear:
+            lk.round_left_out = True
             lk.status.message = (
                 f"stage {stage.name}: round not counted: its {analysis.window_seconds}s window"
                 " reaches back before the latest switch (old-proxy samples)"
