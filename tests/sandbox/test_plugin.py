@@ -23,6 +23,8 @@ from tests.sandbox.harness import STAGES, KubeProxy, Policies, eventually, insta
 from tests.sandbox.test_gates import analysis
 
 pytestmark = pytest.mark.sandbox
+IN_CLUSTER_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+"""The sandbox publishes its Prometheus under the name every example uses (decision 0032)."""
 PLUGIN_DIR = Path(sys.executable).parent  # the venv's bin, where kubectl-proxymode is
 
 
@@ -208,6 +210,22 @@ def test_status_watches_a_gated_migration_to_completed_and_reports_it(
     md = tmp_path / "report.md"
     kubectl_proxymode(sandbox, "report", name, "-o", str(md), "--format", "markdown", check=True)
     assert md.read_text().count("data:image/svg+xml;base64,") == text.count("<svg")
+    # The policy's Prometheus named as the cluster knows it (every example does): from outside
+    # the cluster the report reaches it as the operator does, through the API server's service
+    # proxy, and draws the same charts.
+    inside = tmp_path / "inside.md"
+    kubectl_proxymode(
+        sandbox,
+        "report",
+        name,
+        "-o",
+        str(inside),
+        "--prometheus",
+        IN_CLUSTER_PROMETHEUS,
+        check=True,
+    )
+    assert "through the API server's service proxy" in inside.read_text()
+    assert inside.read_text().count("data:image/svg+xml;base64,") == text.count("<svg")
     if chromium() is None:
         pytest.skip("chromium is not installed: the report was not opened")
     png, charts = check_charts(html, tmp_path)
@@ -290,3 +308,13 @@ def test_advise_keeps_the_legacy_pool_on_iptables_and_never_says_ipvs(
     ).stdout
     assert text.startswith("Recommendation: move to nftables")
     assert "pool legacy" in text and "kind: ProxyModePolicy" in text
+    # The same Prometheus as a policy names it: reached through the API server's service proxy
+    # from here, as the operator reaches it (decision 0032), so the sync figure is measured.
+    inside = kubectl_proxymode(
+        sandbox, "advise", "--prometheus", IN_CLUSTER_PROMETHEUS, "-o", "json", check=True
+    )
+    convergence = {d["name"]: d["reasons"] for d in json.loads(inside.stdout)["dimensions"]}
+    assert any(
+        "sync p99 today" in r and "not measured" not in r.split(",")[0]
+        for r in convergence["rule convergence"]
+    ), convergence

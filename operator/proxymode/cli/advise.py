@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from proxymode.cli import advice
-from proxymode.cli.client import ClientError, Cluster, Prometheus
+from proxymode.cli.client import ClientError, Cluster
 from proxymode.cli.common import common_flags, connection, emit
 from proxymode.kube.observe import CNI_DAEMON_SETS
 
@@ -69,10 +69,10 @@ def _prometheus_url(cluster: Cluster, given: str | None) -> str | None:
     return None
 
 
-def _metrics(url: str | None) -> advice.Metrics:
+def _metrics(cluster: Cluster, url: str | None) -> advice.Metrics:
     if not url:
         return advice.Metrics()
-    prom = Prometheus(url)
+    prom = cluster.prometheus(url)
     values = {name: prom.scalar(query) for name, query in QUERIES.items()}
     clean = {k: (None if v is None or math.isnan(v) else v) for k, v in values.items()}
     return advice.Metrics(**clean)
@@ -131,7 +131,7 @@ def inventory(cluster: Cluster, args: argparse.Namespace) -> advice.Inventory:
         cni=", ".join(cni) or None,
         metallb=metallb,
         strict_arp=strict_arp,
-        metrics=_metrics(url),
+        metrics=_metrics(cluster, url),
         prometheus_url=url,
     )
 

@@ -9,13 +9,11 @@ cluster. Writes are the two a person makes by hand: the one-shot action annotati
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import requests
 import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
@@ -25,6 +23,7 @@ from proxymode.api.models import ProxyModePolicy
 from proxymode.engine.observed import ACTION_ANNOTATION, Observed
 from proxymode.kube.kubeconfig import kubectl_context
 from proxymode.kube.observe import Observer
+from proxymode.kube.reach import api_server_session, use_service_proxy
 
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
@@ -182,26 +181,61 @@ class Cluster:
     def crd(self) -> Obj | None:
         return _raw(self.ext.read_custom_resource_definition, f"{models.PLURAL}.{models.GROUP}")
 
+    def prometheus(self, url: str) -> Prometheus:
+        """A client for ``url`` that reaches it as the operator does from here: an in-cluster
+        Service URL through the API server's service proxy, with the kubeconfig's
+        credentials, when this process is outside the cluster (decision 0032)."""
+        service = use_service_proxy(url)
+        if service is None:
+            return Prometheus(url)
+        session = requests.Session()
+        verify = api_server_session(self.api, session)
+        through = service.through(str(self.api.configuration.host))
+        shown = f"{url} (through the API server's service proxy)"
+        return Prometheus(through, session=session, verify=verify, shown=shown)
+
 
 class Prometheus:
-    """Instant and range queries by POST (long matchers stay out of URLs)."""
+    """Instant and range queries by POST (long matchers stay out of URLs).
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    ``Cluster.prometheus`` builds one the way the operator reaches the same URL: an in-cluster
+    Service URL (``NAME.NAMESPACE.svc``) through the API server's service proxy when this
+    process runs outside the cluster (docs/decisions/0032), so ``report`` and ``advise`` read
+    the policy's own Prometheus from a laptop as the operator does.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 10.0,
+        *,
+        session: requests.Session | None = None,
+        verify: bool | str = True,
+        shown: str | None = None,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ClientError(f"not a Prometheus URL: {url!r}")
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.session = session or requests.Session()
+        self.verify = verify
+        self.shown = shown or self.url
+        """The URL as the user or the policy wrote it, for messages."""
 
     def _post(self, path: str, form: dict[str, str]) -> Any:
-        body = urllib.parse.urlencode(form).encode()
         try:
-            request = urllib.request.Request(  # noqa: S310 - the URL's scheme is checked above
-                f"{self.url}{path}", data=body, method="POST"
+            response = self.session.post(
+                f"{self.url}{path}", data=form, timeout=self.timeout, verify=self.verify
             )
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                payload = json.loads(response.read())
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise ClientError(f"Prometheus at {self.url} did not answer: {e}") from e
+        except (requests.RequestException, OSError, ValueError) as e:
+            raise ClientError(f"Prometheus at {self.shown} did not answer: {e}") from e
+        try:
+            payload = response.json()
+        except ValueError as e:
+            raise ClientError(
+                f"Prometheus at {self.shown} did not answer: HTTP {response.status_code}"
+                f" {response.reason}: {response.text[:200]!r}"
+            ) from e
         if payload.get("status") != "success":
             raise ClientError(f"Prometheus refused the query: {payload.get('error')}")
         return payload["data"]["result"]

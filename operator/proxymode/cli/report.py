@@ -75,11 +75,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     if url:
         start, end = data.window
         try:
-            modes, values = _series(Prometheus(str(url)), args.name, start - 30, end + 30)
+            prom = cluster.prometheus(str(url))
+            modes, values = _series(prom, args.name, start - 30, end + 30)
             planned = {n for s in data.status.get("stages") or [] for n in s.get("nodes") or []}
             if planned:  # the operator reports every node it knows; keep this run's
                 modes = {n: p for n, p in modes.items() if n in planned}
-            note = f"series from Prometheus at {url}."
+            note = f"series from Prometheus at {prom.shown}."
         except ClientError as e:
             note = f"Prometheus at {url} did not answer ({e}); no series over time are shown."
     data = document.RunData(
