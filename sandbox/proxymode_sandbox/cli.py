@@ -230,6 +230,8 @@ def _status(sandbox: Sandbox) -> int:
     print(f"sandbox {st.state_dir}: Kubernetes {st.kubernetes_version} at {st.server}")
     for c in st.components:
         print(f"  {c.name:<24} pid {c.pid:<8} {'running' if c.running else 'NOT RUNNING'}")
+        if not c.running and c.name.startswith("operator"):
+            print("    `proxymode-sandbox operator start` (or `make sandbox`) starts it again")
         if not c.running:
             print("    last lines of " + str(c.log) + ":")
             for line in c.log_tail.splitlines():

@@ -28,6 +28,17 @@ def test_up_status_crash_report_and_down_leave_nothing(tmp_path: Path) -> None:
         with pytest.raises(SandboxError, match="already running"):
             box.up()
 
+        # The operator is the sandbox's guest: killed, it leaves the cluster usable, and
+        # starting it again needs no clean-up.
+        box.install_crd()
+        killed = box.start_operator()
+        os.killpg(killed.pid, signal.SIGKILL)  # as a person's `kill -9` would, record kept
+        _eventually_dead(box, "operator")
+        assert box.status().healthy and box.operator_record() is None
+        again = box.start_operator()
+        assert box.operator_record() == again and again.pid != killed.pid
+        box.stop_operator()
+
         # A component that dies is reported with the last lines of its log.
         scheduler = next(c for c in box.status().components if c.name == "kube-scheduler")
         os.killpg(scheduler.pid, signal.SIGKILL)
