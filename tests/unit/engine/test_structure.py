@@ -217,6 +217,12 @@ def test_degraded_says_so_when_a_moved_kube_proxy_fails_in_mixed_mode() -> None:
     done = drive(sim, policy(), lambda p: p.status.phase == Phase.COMPLETED)
     conditions = {c.type: c for c in done.status.conditions}
     assert conditions["Degraded"].status == "False"
+    # Each condition says what it is about: the phase's message on Ready, nothing on the
+    # False ones that have nothing to report (they used to repeat it five times).
+    assert conditions["Ready"].status == "True" and conditions["Ready"].message
+    assert [k for k, c in conditions.items() if c.status == "False" and c.message] == [
+        "Progressing"
+    ]
     assert sim.nodes["canary-1"].labels.get(MODE_LABEL) == "nftables"
     for pod in sim.proxies_on("canary-1"):
         pod.crashloop = True
