@@ -27,6 +27,15 @@ def test_standard_flags_go_before_or_after_the_command() -> None:
     after = parser.parse_args(["status", "p", "--kubeconfig", "k", "--context", "c", "-o", "json"])
     for args in (before, after):
         assert (args.kubeconfig, args.context, args.output, args.name) == ("k", "c", "json", "p")
+    # Every command but report (whose -o is its file) takes them on either side.
+    for command in [c for c in COMMANDS if c != "report"]:
+        named = (
+            [command, "p"] if command not in ("list", "advise", "version", "plan") else [command]
+        )
+        if command == "plan":
+            named = [command, "-f", "p.yaml"]
+        for argv in ([*named, "-o", "yaml"], ["-o", "yaml", *named]):
+            assert parser.parse_args(argv).output == "yaml", argv
     plain = parser.parse_args(["list"])
     assert (plain.kubeconfig, plain.context, plain.output) == (None, None, "text")
 

@@ -249,7 +249,9 @@ def test_status_timeout_exit_codes_pause_resume_abort_retry(
     kubectl_proxymode(sandbox, "resume", name, check=True)
     assert policies.get(name)["spec"]["paused"] is False
     policies.wait_phase(name, "Analyzing", timeout=180)
-    kubectl_proxymode(sandbox, "pause", name, check=True)
+    # -o after an action, as kubectl takes it: the policy as the API server stored the change.
+    paused = kubectl_proxymode(sandbox, "pause", name, "-o", "json", check=True)
+    assert json.loads(paused.stdout)["spec"]["paused"] is True
     policies.wait_phase(name, "Paused")
     kubectl_proxymode(sandbox, "resume", name, check=True)
     policies.wait_phase(name, "Analyzing")

@@ -34,7 +34,7 @@ def register(sub: Any) -> None:
     for action, text in HELP.items():
         p = sub.add_parser(
             action,
-            parents=[common_flags(output=False)],
+            parents=[common_flags()],
             help=text,
             description=f"kubectl proxymode {action}: {text}.",
         )
@@ -86,20 +86,25 @@ def cmd_action(args: argparse.Namespace) -> int:
     if why is not None:
         raise ClientError(f"{args.action} {args.name}: {why}")
     if args.action == "pause":
-        cluster.set_paused(args.name, True)
-        print(f"{KIND}/{args.name} paused (spec.paused=true)")
-        return 0
-    if args.action == "resume":
+        changed = cluster.set_paused(args.name, True)
+        said = f"{KIND}/{args.name} paused (spec.paused=true)"
+    elif args.action == "resume":
+        changed = policy
         if spec.get("paused"):
-            cluster.set_paused(args.name, False)
+            changed = cluster.set_paused(args.name, False)
         # The operator resumes a Spec pause by itself once spec.paused is false; any other
         # pause (a breach, no data, a changed plan) needs the one-shot action as well.
         if status.get("phase") == "Paused" and status.get("pausedReason") not in (None, "Spec"):
-            cluster.request_action(args.name, "resume")
-        print(f"{KIND}/{args.name} resumed")
-        return 0
-    cluster.request_action(args.name, args.action)
-    print(f"{KIND}/{args.name} {args.action} requested ({ACTION_ANNOTATION}={args.action})")
+            changed = cluster.request_action(args.name, "resume")
+        said = f"{KIND}/{args.name} resumed"
+    else:
+        changed = cluster.request_action(args.name, args.action)
+        said = f"{KIND}/{args.name} {args.action} requested ({ACTION_ANNOTATION}={args.action})"
+    # As `kubectl annotate -o json` does: the object as the API server stored the change.
+    if args.output == "text":
+        print(said)
+    else:
+        emit(changed, args.output)
     return 0
 
 
