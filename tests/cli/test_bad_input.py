@@ -10,6 +10,9 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -74,6 +77,75 @@ def test_an_api_server_that_does_not_answer(
 def test_a_prometheus_url_that_does_not_parse() -> None:
     with pytest.raises(ClientError, match="did not answer"):
         Prometheus("http://[::1").instant("up")
+
+
+ANSWERS: dict[str, tuple[int, str, bytes]] = {
+    # What the API server's service proxy says for Prometheus (a Status object) ...
+    "/forbidden": (
+        403,
+        "application/json",
+        b'{"kind":"Status","status":"Failure","message":"services \\"prometheus-operated\\"'
+        b' is forbidden: cannot get resource \\"services/proxy\\"","code":403}',
+    ),
+    "/no-endpoint": (
+        503,
+        "application/json",
+        b'{"kind":"Status","status":"Failure","message":"no endpoints available for service'
+        b' \\"prometheus-operated\\"","code":503}',
+    ),
+    # ... a gateway's page, and answers that are JSON but not Prometheus's.
+    "/gateway": (502, "text/html", b"<html>Bad Gateway</html>"),
+    "/list": (200, "application/json", b"[1, 2]"),
+    "/no-data": (200, "application/json", b'{"status":"success"}'),
+    "/bad-query": (400, "application/json", b'{"status":"error","error":"parse error at 1"}'),
+}
+
+
+@pytest.fixture
+def answering() -> Iterator[str]:
+    """A loopback HTTP server that answers every POST by its path's first part (ANSWERS)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            code, kind, body = ANSWERS["/" + self.path.split("/")[1]]
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [
+        ("/forbidden", r"HTTP 403: services .*prometheus-operated.* is forbidden"),
+        ("/no-endpoint", r"HTTP 503: no endpoints available"),
+        ("/gateway", r"did not answer as Prometheus: HTTP 502 Bad Gateway"),
+        ("/list", r"did not answer as Prometheus: HTTP 200"),
+        ("/no-data", r"answered without a result"),
+        ("/bad-query", r"Prometheus refused the query: parse error at 1"),
+    ],
+)
+def test_what_prometheus_or_the_service_proxy_answers_instead_is_said(
+    answering: str, path: str, said: str
+) -> None:
+    """Every answer that is not a result becomes one ClientError that says what came back
+    (the proxy's reason, the HTTP code), never "refused the query: None" or a traceback."""
+    with pytest.raises(ClientError, match=said):
+        Prometheus(answering + path).instant("up")
 
 
 GOOD_SPEC = "spec: {targetMode: nftables, stages: [{name: all, percent: 100}]}\n"

@@ -182,10 +182,11 @@ class Cluster:
         return _raw(self.ext.read_custom_resource_definition, f"{models.PLURAL}.{models.GROUP}")
 
     def prometheus(self, url: str) -> Prometheus:
-        """A client for ``url`` that reaches it as the operator does from here: an in-cluster
-        Service URL through the API server's service proxy, with the kubeconfig's
-        credentials, when this process is outside the cluster (decision 0032)."""
-        service = use_service_proxy(url)
+        """A client for ``url`` that reaches it as the operator does from outside the cluster:
+        an in-cluster Service URL through the API server's service proxy, with the
+        kubeconfig's credentials (decision 0032). In a pod too: the kubeconfig may name
+        another cluster than the one the pod's DNS would resolve the name in."""
+        service = use_service_proxy(url, in_pod_too=True)
         if service is None:
             return Prometheus(url)
         session = requests.Session()
@@ -231,14 +232,26 @@ class Prometheus:
             raise ClientError(f"Prometheus at {self.shown} did not answer: {e}") from e
         try:
             payload = response.json()
-        except ValueError as e:
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
             raise ClientError(
-                f"Prometheus at {self.shown} did not answer: HTTP {response.status_code}"
-                f" {response.reason}: {response.text[:200]!r}"
-            ) from e
-        if payload.get("status") != "success":
+                f"Prometheus at {self.shown} did not answer as Prometheus: HTTP"
+                f" {response.status_code} {response.reason}: {response.text[:200]!r}"
+            )
+        if payload.get("status") == "error":  # Prometheus's own refusal (a bad query)
             raise ClientError(f"Prometheus refused the query: {payload.get('error')}")
-        return payload["data"]["result"]
+        if not response.ok or payload.get("status") != "success":
+            # The API server's service proxy answers for Prometheus with a Status object:
+            # 403 (no get on services/proxy), 404 (no such Service), 503 (no endpoint).
+            said = payload.get("message") or payload.get("error") or response.reason
+            raise ClientError(
+                f"Prometheus at {self.shown} did not answer: HTTP {response.status_code}: {said}"
+            )
+        data = payload.get("data")
+        if not isinstance(data, dict) or not isinstance(data.get("result"), list):
+            raise ClientError(f"Prometheus at {self.shown} answered without a result: {data!r}")
+        return data["result"]
 
     def instant(self, query: str) -> list[tuple[dict[str, str], float]]:
         """Each series' labels and value now."""

@@ -82,7 +82,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                 modes = {n: p for n, p in modes.items() if n in planned}
             note = f"series from Prometheus at {prom.shown}."
         except ClientError as e:
-            note = f"Prometheus at {url} did not answer ({e}); no series over time are shown."
+            note = f"{e}; no series over time are shown."
     data = document.RunData(
         policy=policy,
         events=events,

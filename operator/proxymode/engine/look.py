@@ -45,9 +45,6 @@ class Look:
     trouble: str | None = None
     """A failure this look saw but did not act on (a mixed-mode move that cannot finish):
     the Degraded condition reports it."""
-    round_left_out: bool = False
-    """This look's fresh analysis round was not counted (its window reaches back before the
-    latest switch); the status message says so instead of the usual wait."""
 
     def __post_init__(self) -> None:
         self.spec: PolicySpec = self.policy.spec

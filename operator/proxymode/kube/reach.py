@@ -69,9 +69,14 @@ def service_url(url: str) -> ServiceURL | None:
     return ServiceURL(parts.scheme, match["namespace"], match["name"], port, parts.path.rstrip("/"))
 
 
-def use_service_proxy(url: str) -> ServiceURL | None:
-    """The Service to reach through the API server, when this process must (see module)."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST") or os.environ.get(SWITCH_ENV) == "off":
+def use_service_proxy(url: str, *, in_pod_too: bool = False) -> ServiceURL | None:
+    """The Service to reach through the API server, when this process must (see module).
+
+    ``in_pod_too``: for a client whose kubeconfig may name another cluster than the pod it
+    runs in (the plugin in a CI pod): the name would resolve, in the wrong cluster."""
+    if os.environ.get(SWITCH_ENV) == "off":
+        return None
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not in_pod_too:
         return None
     return service_url(url)
 
@@ -83,7 +88,9 @@ def api_server_session(api: client.ApiClient, session: requests.Session) -> bool
     cfg = api.configuration
     if cfg.cert_file and cfg.key_file:
         session.cert = (cfg.cert_file, cfg.key_file)
-    token = cfg.get_api_key_with_prefix("authorization")  # refreshed by exec plugins
+    # The client keeps a kubeconfig's token (plain, exec plugin, OIDC) under "BearerToken";
+    # "authorization" is the older name. Read through the hook, so exec plugins refresh it.
+    token = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
     if token:
         session.headers["Authorization"] = token
     if not cfg.verify_ssl:

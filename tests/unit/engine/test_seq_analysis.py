@@ -259,8 +259,7 @@ def test_a_baseline_from_source_proxies_still_settling_is_replaced_once_they_set
 def test_a_baked_stage_says_it_warms_up_then_how_many_passing_rounds_it_has() -> None:
     """A stage that has baked waits for the gate. While the analysis warms up no round
     counts; the status says so with the time it ends (not a countdown: an idle look writes
-    nothing), then how many passing rounds it has of those it needs, and where a round is
-    left out for old-proxy samples, that reason (issue 9 item 27)."""
+    nothing), then how many passing rounds it has of those it needs."""
     sim = Sim.cluster({"canary": 2, "general": 2})
     sim.verdict = "Pass"
     stages = [{**s, "bakeSeconds": 0} for s in THREE_STAGES]
@@ -279,15 +278,48 @@ def test_a_baked_stage_says_it_warms_up_then_how_many_passing_rounds_it_has() ->
     assert run.policy.status.message == warm  # the same words on the next look
     run.until(lambda p: "waiting for passing analysis rounds" in p.status.message)
     assert (sim.now - baked_since).total_seconds() >= 60
-    assert "of 3, each check passing" in run.policy.status.message
+    assert run.policy.status.message.endswith("(1 of 3)"), run.policy.status.message
     run.until(lambda p: (p.status.current_stage or 0) >= 1)
 
 
-def test_a_round_left_out_for_old_proxy_samples_says_so() -> None:
+def test_enough_passing_rounds_but_a_last_round_that_did_not_pass_is_named() -> None:
+    """Passing rounds are a running count; the gate also wants the last round to pass. With
+    enough of them, the wait names the checks of the last round that did not pass, never
+    "9 of 3"."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    sim.verdict = "Pass"
+    stages = [{**s, "bakeSeconds": 120} for s in THREE_STAGES]
+    run = Run(
+        sim,
+        make_policy(
+            stages=stages,
+            analysis={**ANALYSIS, "minPassingRounds": 3, "inconclusiveLimit": 50},
+        ),
+    )
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    run.until(lambda p: (p.status.analysis.passing_rounds if p.status.analysis else 0) >= 4)
+    sim.verdict = "Inconclusive"
+    run.until(lambda p: "waiting for a round in which every check passes" in p.status.message)
+    message = run.policy.status.message
+    assert "last round: sync-latency Inconclusive" in message, message
+    assert " of 3)" not in message
+
+
+def test_a_round_left_out_for_old_proxy_samples_says_so_until_one_counts() -> None:
+    """A round whose window reaches back before the stage's last switch is not counted
+    (issue 9 item 27); the status says so, on every look until a round counts (it used to be
+    overwritten by the next idle look's wait, two writes a round)."""
     sim = Sim.cluster({"canary": 2, "general": 2})
     sim.verdict = "Pass"
     stages = [{**s, "bakeSeconds": 0} for s in THREE_STAGES]
     run = Run(sim, make_policy(stages=stages, analysis={**ANALYSIS, "windowSeconds": 300}))
     run.until(lambda p: "round not counted" in p.status.message)
-    assert "300s window reaches back before the latest switch" in run.policy.status.message
-    assert run.policy.status.phase == Phase.ANALYZING
+    left_out = run.policy.status.message
+    assert "300s window reaches back before the stage's last switch" in left_out, left_out
+    seen = set()
+    while run.policy.status.phase == Phase.ANALYZING and (
+        run.policy.status.analysis is None or run.policy.status.analysis.rounds == 0
+    ):
+        seen.add(run.policy.status.message)
+        run.step()
+    assert seen == {left_out}, seen

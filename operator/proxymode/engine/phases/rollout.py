@@ -119,7 +119,7 @@ def _bake(lk: Look, index: int) -> Phase | None:
                 f"stage {stage.name}: baking until {ends:%Y-%m-%dT%H:%M:%SZ}"
                 f" ({spec_stage.bake_seconds}s)"
             )
-        elif not lk.round_left_out:  # else _gate said why this look's round was left out
+        else:
             lk.status.message = _waiting_for_rounds(lk, stage)
         return None
     behind = node_checks.forward_todo(lk)
@@ -150,23 +150,39 @@ def _bake(lk: Look, index: int) -> Phase | None:
 
 
 def _waiting_for_rounds(lk: Look, stage: StageStatus) -> str:
-    """Why a baked stage still waits: the warm-up (rounds in it are not counted, so a
-    person sees the gate is not stuck) or the passing rounds it has of those it needs. The
-    same words on every look between two rounds, so an idle look writes no status."""
+    """Why a baked stage still waits for its gate, from the status alone (so every look
+    between two rounds says the same words and an idle look writes nothing): the warm-up
+    (rounds in it do not count, so a person sees the gate is not stuck), a round left out
+    because its window reaches back before the stage's last switch, the passing rounds it
+    has of those it needs, or, with enough of them, a last round in which a check did not
+    pass."""
     analysis = lk.spec.analysis
-    counted = lk.status.analysis.passing_rounds if lk.status.analysis else 0
-    if analysis is None or stage.baked_since is None:
-        return f"stage {stage.name}: baked; waiting for passing analysis rounds"
+    status = lk.status.analysis
+    head = f"stage {stage.name}: baked;"
+    if analysis is None or status is None or stage.baked_since is None:
+        return f"{head} waiting for passing analysis rounds"
     warm_until = stage.baked_since + timedelta(seconds=analysis.warmup_seconds)
     if lk.now < warm_until:
         return (
-            f"stage {stage.name}: baked; analysis warming up until"
-            f" {warm_until:%Y-%m-%dT%H:%M:%SZ} (warmupSeconds {analysis.warmup_seconds}):"
-            " rounds before then are not counted"
+            f"{head} analysis warming up until {warm_until:%Y-%m-%dT%H:%M:%SZ}"
+            f" (warmupSeconds {analysis.warmup_seconds}): rounds before then are not counted"
+        )
+    last = status.last_round_time
+    if status.rounds == 0 and last is not None and last >= warm_until:
+        return (
+            f"{head} round not counted: its {analysis.window_seconds}s window reaches back"
+            f" before the stage's last switch at {stage.baked_since:%Y-%m-%dT%H:%M:%SZ}"
+            " (old-proxy samples)"
+        )
+    if status.passing_rounds >= analysis.min_passing_rounds:
+        behind = [f"{c.name} {c.verdict}" for c in status.checks if c.verdict != Verdict.PASS]
+        return (
+            f"{head} waiting for a round in which every check passes"
+            f" (last round: {', '.join(behind) or 'no check answered'})"
         )
     return (
-        f"stage {stage.name}: baked; waiting for passing analysis rounds"
-        f" ({counted} of {analysis.min_passing_rounds}, each check passing)"
+        f"{head} waiting for passing analysis rounds"
+        f" ({status.passing_rounds} of {analysis.min_passing_rounds})"
     )
 
 
@@ -197,12 +213,6 @@ def _gate(lk: Look, stage: StageStatus) -> GateVerdict | None:
         ]
         warmed = (round_.time - warm_from).total_seconds() >= analysis.warmup_seconds
         clear = gate.window_after_switch(analysis, round_, warm_from)
-        if warmed and not clear:
-            lk.round_left_out = True
-            lk.status.message = (
-                f"stage {stage.name}: round not counted: its {analysis.window_seconds}s window"
-                " reaches back before the latest switch (old-proxy samples)"
-            )
         if warmed and clear:
             gate.count_round(status, gate.round_verdict(round_.checks))
             _report_round(lk, status, round_.checks, analysis)
