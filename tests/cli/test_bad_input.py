@@ -101,7 +101,7 @@ ANSWERS: dict[str, tuple[int, str, bytes]] = {
 }
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def answering() -> Iterator[str]:
     """A loopback HTTP server that answers every POST by its path's first part (ANSWERS)."""
 
@@ -118,7 +118,7 @@ def answering() -> Iterator[str]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
