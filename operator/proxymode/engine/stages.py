@@ -167,6 +167,14 @@ def adopt_new_plan(look: Look) -> None:
             *(recorded or []),
             *[n for n in moved if n not in (recorded or [])],
         ]
+    # A node belongs to one stage: the orphans now in the current stage leave the plan of
+    # every stage after it (planned before they were placed, they were counted twice, e.g.
+    # "6/10" nodes moved on an 8-node cluster, until the next stage started and re-planned).
+    placed = {n for s in stages[: current + 1] for n in s.nodes}
+    for stage in stages[current + 1 :]:
+        if stage.phase == StagePhase.PENDING:
+            stage.nodes = [n for n in stage.nodes if n not in placed]
+            placed.update(stage.nodes)
     look.status.current_stage = current
     look.status.plan_hash = plan_hash(look.spec)
     look.status.resume_phase = Phase.PROGRESSING

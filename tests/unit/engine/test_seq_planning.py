@@ -336,3 +336,32 @@ def test_a_dropped_stage_s_finished_moves_are_never_taken_for_hand_set_labels() 
     run.until(lambda p: p.status.phase in (Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED))
     assert run.policy.status.phase == Phase.COMPLETED
     assert run.events("HandSetLabel") == [], [e.message for e in run.events("HandSetLabel")]
+
+
+@pytest.mark.parametrize("moving", [True, False])
+def test_a_node_is_in_one_stage_after_the_canary_stage_is_dropped(moving: bool) -> None:
+    """Dropping the canary stage in flight puts its moved nodes in the stage now current;
+    the stages after it were planned before that and listed them too, so "nodes moved"
+    read 6/10 on an 8-node cluster until the next stage started. Every step after the
+    resume: each node in at most one stage, the progress never over the cluster."""
+    sim = Sim.cluster({"canary": 2, "general": 6})
+    run = Run(sim, make_policy(stages=THREE_STAGES))
+    run.until(  # the second stage moving its nodes, or baking them
+        lambda p: (
+            p.status.current_stage == 1
+            and (bool(p.status.moves) if moving else p.status.phase == Phase.ANALYZING)
+        )
+    )
+    run.policy = with_spec(run.policy, stages=THREE_STAGES[1:])
+    run.steps(2)
+    sim.action = "resume"
+    for _ in range(200):
+        run.step()
+        status = run.policy.status
+        listed = [n for s in status.stages for n in s.nodes]
+        assert len(listed) == len(set(listed)), [s.nodes for s in status.stages]
+        _, _, planned = (status.node_progress or "0/0").partition("/")
+        assert int(planned) <= len(sim.nodes), status.node_progress
+        if status.phase == Phase.COMPLETED:
+            break
+    assert run.policy.status.phase == Phase.COMPLETED
