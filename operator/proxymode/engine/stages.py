@@ -128,7 +128,12 @@ def _fixed(stages: list[StageStatus]) -> dict[int, list[str]]:
 def start_stage(look: Look, index: int) -> None:
     plan = plan_stages(look.spec.stages, eligible(look), _fixed(look.status.stages))
     stage = look.status.stages[index]
-    stage.nodes = plan[index]
+    # Nodes a dropped stage moved, carried here by ``adopt_new_plan`` while this stage was
+    # pending, stay this stage's: the plan knows only the spec's selectors, and without them
+    # here they would run the target unrecorded (not counted, not shown, not moved back on
+    # delete as what they are).
+    carried = [n for n in stage.moved or [] if n not in plan[index]]
+    stage.nodes = [*plan[index], *carried]
     stage.phase = StagePhase.PROGRESSING
     stage.started_time = look.now
     stage.nodes_done = 0

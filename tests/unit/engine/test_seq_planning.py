@@ -365,3 +365,32 @@ def test_a_node_is_in_one_stage_after_the_canary_stage_is_dropped(moving: bool) 
         if status.phase == Phase.COMPLETED:
             break
     assert run.policy.status.phase == Phase.COMPLETED
+
+
+def test_a_dropped_canary_stage_s_nodes_stay_recorded_in_mixed_mode() -> None:
+    """Partial pools (a fence around canary and general, a third pool left out): the canary
+    stage is dropped while it bakes, the run resumed. Its moved nodes are carried to the
+    general stage, which was still pending; starting it re-planned its nodes from the
+    selectors and dropped them, so they ran nftables unrecorded (the model's invariant:
+    labelled but not recorded), "4/4" and "4 nodes run nftables" with six on it, and a
+    delete said it moved 4 back."""
+    sim = Sim.cluster({"canary": 2, "general": 4, "legacy": 1})
+    fence = {
+        "matchExpressions": [{"key": "pool", "operator": "In", "values": ["canary", "general"]}]
+    }
+    stages = [
+        {"name": "canary", "nodeSelector": CANARY, "bakeSeconds": 20},
+        {"name": "general", "nodeSelector": GENERAL, "bakeSeconds": 20},
+    ]
+    run = Run(sim, make_policy(stages=stages, nodeSelector=fence))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    run.policy = with_spec(run.policy, stages=stages[1:])
+    run.steps(2)
+    sim.action = "resume"
+    run.until(lambda p: p.status.phase in (Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED))
+    status = run.policy.status
+    assert status.phase == Phase.COMPLETED and status.node_progress == "6/6", status
+    assert "6 nodes run nftables" in (status.message or ""), status.message
+    assert nodes_labelled(sim, "nftables") == {f"canary-{i}" for i in (1, 2)} | {
+        f"general-{i}" for i in range(1, 5)
+    }
