@@ -207,6 +207,8 @@ def test_data_returning_after_a_no_data_pause_is_recorded_in_history() -> None:
     run.until(lambda p: p.status.phase == Phase.ANALYZING)
     _feed(run, ["Inconclusive", "Inconclusive"])
     assert run.policy.status.phase == Phase.PAUSED and paused_code(run.policy.status) == "NoData"
+    # The pause names the check that had no answer (Prometheus may answer all the others).
+    assert "(onNoData: Pause) (sync-latency" in (run.policy.status.message or "")
     sim.verdict = "Pass"
     run.until(lambda p: p.status.phase == Phase.ANALYZING, limit=30)
     assert "DataReturned" in history_reasons(run.policy.status)

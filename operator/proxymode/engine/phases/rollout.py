@@ -226,17 +226,25 @@ def _gate(lk: Look, stage: StageStatus) -> GateVerdict | None:
         return None
     if verdict == GateVerdict.NO_DATA:
         rounds = status.consecutive_inconclusive
+        # Which checks had no answer, and what they said: Prometheus may answer every other
+        # check (a baseline group with no sample, a query that selects nothing).
+        silent = "; ".join(
+            f"{c.name}: {c.message}" if c.message else c.name
+            for c in status.checks
+            if c.verdict == Verdict.INCONCLUSIVE
+        )
+        which = f" ({silent})" if silent else ""
         if analysis.on_no_data == OnNoData.ROLLBACK:
             lk.start_rollback(
                 RollbackReason.NO_DATA,
-                f"no metric data for {rounds} rounds (onNoData: Rollback)",
+                f"no metric data for {rounds} rounds (onNoData: Rollback){which}",
             )
             return None
         if analysis.on_no_data == OnNoData.PAUSE:
             lk.pause(
                 PauseReason.NO_DATA,
-                f"no metric data for {rounds} rounds (onNoData: Pause);"
-                " resume when Prometheus answers",
+                f"no metric data for {rounds} rounds (onNoData: Pause){which};"
+                " resume once the data is there",
             )
             return None
         return GateVerdict.NO_DATA  # Continue: open, and said out loud when it promotes
