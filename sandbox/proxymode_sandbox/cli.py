@@ -168,6 +168,9 @@ def _up(sandbox: Sandbox) -> int:
 
 def _start_operator(sandbox: Sandbox) -> None:
     """The operator, as if installed: `kubectl apply -f examples/...` works next."""
+    running = sandbox.operator_record()
+    if running is not None:
+        print(f"  stopping the running operator (pid {running.pid}) to start a fresh one")
     record = sandbox.start_operator()
     print(f"  operator running (pid {record.pid}, log {record.log}); `make run` replaces it")
 

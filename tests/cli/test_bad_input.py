@@ -159,6 +159,9 @@ def test_plan_refuses_an_apiversion_the_server_does_not_serve(
     f.write_text(head + GOOD_SPEC)
     assert main(["plan", "-f", str(f)]) == 1
     assert "v1beta9" in _one_error_line(capsys)
+    f.write_text("kind: ProxyModePolicy\nmetadata: {name: x}\n" + GOOD_SPEC)
+    assert main(["plan", "-f", str(f)]) == 1
+    assert "has no apiVersion; use proxymode.io/v1alpha1" in _one_error_line(capsys)
 
 
 def test_plan_refuses_two_policies_rather_than_planning_one(
@@ -230,3 +233,24 @@ def test_version_without_a_cluster_still_says_the_plugin_s_own(tmp_path: Path) -
     assert done.returncode == 1, done
     assert done.stdout.startswith("plugin:   kubectl-proxymode "), done.stdout
     assert done.stderr.startswith("error: cannot load the kubeconfig"), done.stderr
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
+    """`kubectl proxymode ... | head -0`: the pipe closes before the plugin writes. It
+    ends quietly (an error code, as kubectl does), never with a BrokenPipeError traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the plugin writes a byte
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "proxymode.cli.main", "version"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "KUBECONFIG": str(tmp_path / "missing")},
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode == 1

@@ -62,6 +62,13 @@ def test_plan_takes_the_engine_s_nodes_in_order_and_says_why_others_are_left_out
     text = planning.render(v)
     assert "passed, the run would start" in text
     assert "legacy-1" in text.split("Left out")[1]
+    assert "canary       2 nodes" in text and "all          3 nodes" in text, text
+    one = planning.plan_view(
+        spec(stages=[{"name": "first", "maxNodes": 1, "percent": 100}]),
+        observe(cluster=cluster()),
+        "p",
+    )
+    assert "first        1 node (" in planning.render(one), planning.render(one)
 
 
 def test_plan_names_nodes_no_stage_takes_and_nodes_the_selector_leaves_out() -> None:

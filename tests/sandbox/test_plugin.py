@@ -252,6 +252,7 @@ def test_status_timeout_exit_codes_pause_resume_abort_retry(
     # -o after an action, as kubectl takes it: the policy as the API server stored the change.
     paused = kubectl_proxymode(sandbox, "pause", name, "-o", "json", check=True)
     assert json.loads(paused.stdout)["spec"]["paused"] is True
+    assert "managedFields" not in json.loads(paused.stdout)["metadata"]
     policies.wait_phase(name, "Paused")
     kubectl_proxymode(sandbox, "resume", name, check=True)
     policies.wait_phase(name, "Analyzing")

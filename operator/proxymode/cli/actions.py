@@ -100,10 +100,13 @@ def cmd_action(args: argparse.Namespace) -> int:
     else:
         changed = cluster.request_action(args.name, args.action)
         said = f"{KIND}/{args.name} {args.action} requested ({ACTION_ANNOTATION}={args.action})"
-    # As `kubectl annotate -o json` does: the object as the API server stored the change.
+    # As `kubectl annotate -o json` does: the object as the API server stored the change,
+    # without managedFields (kubectl shows them only when asked). Its status is the last
+    # look's: the operator acts on the change at its next one.
     if args.output == "text":
         print(said)
     else:
+        (changed.get("metadata") or {}).pop("managedFields", None)
         emit(changed, args.output)
     return 0
 

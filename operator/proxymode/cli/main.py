@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -42,9 +43,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    func: Command = args.func
     # urllib3 logs each retry of a refused connection as a WARNING; the error below says it once.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
+    try:
+        code = _run(args)
+        sys.stdout.flush()  # here, so that a closed pipe is caught below, not at exit
+    except BrokenPipeError:
+        # `kubectl proxymode list | head`: the reader left. Say nothing more (as kubectl
+        # does), and keep Python from complaining when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    func: Command = args.func
     try:
         return func(args)
     except ClientError as e:

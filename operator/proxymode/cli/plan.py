@@ -57,6 +57,8 @@ def load_policy(path: str) -> ProxyModePolicy:
         raise ClientError(f"{path}: {len(found)} {models.KIND}s in the file; plan takes one")
     doc = found[0]
     api_version = f"{models.GROUP}/{models.VERSION}"
+    if "apiVersion" not in doc:
+        raise ClientError(f"{path}: the {models.KIND} has no apiVersion; use {api_version}")
     if doc.get("apiVersion") != api_version:
         raise ClientError(
             f"{path}: apiVersion {doc.get('apiVersion')!r} is not served; use {api_version}"

@@ -116,7 +116,9 @@ def render(v: Mapping[str, Any]) -> str:
     )
     for i, s in enumerate(v["stages"], start=1):
         zones = ", ".join(f"{z} {c}" for z, c in s["zones"].items()) or "no nodes"
-        out.append(f"  {i}. {s['name']:<12} {len(s['nodes'])} nodes ({zones})   [{s['rule']}]")
+        count = len(s["nodes"])
+        many = f"{count} node" if count == 1 else f"{count} nodes"
+        out.append(f"  {i}. {s['name']:<12} {many} ({zones})   [{s['rule']}]")
         for j, n in enumerate(s["nodes"], start=1):
             out.append(f"       {j:>2}. {n['name']:<22} {n['zone']}")
     if v["leftOut"]:

@@ -10,6 +10,7 @@ timeline, the tables and the inventory, and says what is missing.
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             note = f"series from Prometheus at {prom.shown}."
         except ClientError as e:
             note = f"{e}; no series over time are shown."
+            print(f"warning: {note}", file=sys.stderr)
     data = document.RunData(
         policy=policy,
         events=events,
