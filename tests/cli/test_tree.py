@@ -80,6 +80,7 @@ def policy(**status: Any) -> dict[str, Any]:
             "targetMode": "nftables",
             "stages": [],
             "analysis": {
+                "minPassingRounds": 5,
                 "checks": [
                     {"name": "sync-p99", "template": "SyncLatencyP99", "maxSeconds": 1},
                     {"name": "vs-iptables", "template": "SyncLatencyP99", "maxRatioToBaseline": 2},
@@ -113,6 +114,7 @@ def test_tree_shows_stages_nodes_moves_checks_findings_and_events_in_order() -> 
     assert "<= 2x baseline" in check and "Fail" in check and "too slow" in check
     assert "<= 1s" in next(line for line in lines if line.strip().startswith("sync-p99"))
     assert "KernelTooOld" in text and "[legacy-1]" in text
+    assert "Checks   round 4, 3 passing (of 5 needed)," in text
     # Events oldest first, the newest last, with kubectl-style ages.
     events = lines[lines.index("Events (last 2)") + 1 :]
     assert "RolloutStarted" in events[0] and "1m40s" in events[0]

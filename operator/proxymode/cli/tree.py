@@ -218,6 +218,7 @@ def view(policy: Obj, nodes: Sequence[Obj], events: Sequence[Obj], now: datetime
             "lastRoundTime": analysis.get("lastRoundTime"),
             "rounds": analysis.get("rounds", 0),
             "passingRounds": analysis.get("passingRounds", 0),
+            "minPassingRounds": (spec.get("analysis") or {}).get("minPassingRounds"),
             "consecutiveFailures": analysis.get("consecutiveFailures", 0),
             "consecutiveInconclusive": analysis.get("consecutiveInconclusive", 0),
             "checks": checks,
@@ -329,7 +330,8 @@ def _checks(analysis: Mapping[str, Any]) -> list[str]:
     limit = max(24, *(len(c["threshold"]) for c in analysis["checks"]))
     out = [
         "",
-        f"Checks   round {analysis['rounds']}, {analysis['passingRounds']} passing,"
+        f"Checks   round {analysis['rounds']}, {analysis['passingRounds']} passing"
+        f"{_of(analysis.get('minPassingRounds'))},"
         f" {analysis['consecutiveFailures']} failing and"
         f" {analysis['consecutiveInconclusive']} without data in a row",
         f"  {'NAME':<{wide}} {'CANARY':>9} {'BASELINE':>9}  {'THRESHOLD':<{limit}} VERDICT",
@@ -390,3 +392,8 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = ["   ".join(k.upper().ljust(widths[k]) for k in keys).rstrip()]
     lines += ["   ".join(str(r[k]).ljust(widths[k]) for k in keys).rstrip() for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def _of(needed: Any) -> str:
+    """ " of N needed" when the spec says how many passing rounds a stage needs."""
+    return f" (of {needed} needed)" if isinstance(needed, int) else ""
