@@ -138,6 +138,30 @@ def test_advice_moves_to_nftables_and_keeps_the_old_kernel_pool_on_iptables() ->
     assert "leaving legacy on iptables" in a.summary
 
 
+def test_advice_names_a_migration_in_flight_and_offers_no_second_policy() -> None:
+    """With a policy migrating the cluster now, the inventory still reads the source mode:
+    the advice says so, and offers no starter policy (preflight would refuse a second)."""
+    a = advice.advise(inventory())
+    policies = [
+        {
+            "metadata": {"name": "done"},
+            "spec": {"targetMode": "nftables"},
+            "status": {"phase": "RolledBack"},
+        },
+        {
+            "metadata": {"name": "to-nft"},
+            "spec": {"targetMode": "nftables"},
+            "status": {"phase": "Analyzing", "nodeProgress": "5/6"},
+        },
+    ]
+    told = advice.with_policies(a, policies)
+    assert told.policy is None and [p["name"] for p in told.in_flight] == ["to-nft"]
+    text = advice.render(told)
+    assert "policy to-nft is migrating this cluster to nftables now (Analyzing, 5/6" in text
+    assert told.wire()["inFlight"][0]["phase"] == "Analyzing"
+    assert advice.with_policies(a, policies[:1]) == a  # a finished one changes nothing
+
+
 @pytest.mark.parametrize("version", ["v1.35.0", "v1.36.3", "v1.37.2"])
 @pytest.mark.parametrize("mode", ["iptables", "ipvs", "nftables"])
 def test_advice_never_recommends_ipvs_where_it_is_deprecated(version: str, mode: str) -> None:

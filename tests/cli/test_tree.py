@@ -84,7 +84,7 @@ def policy(**status: Any) -> dict[str, Any]:
                 "checks": [
                     {"name": "sync-p99", "template": "SyncLatencyP99", "maxSeconds": 1},
                     {"name": "vs-iptables", "template": "SyncLatencyP99", "maxRatioToBaseline": 2},
-                ]
+                ],
             },
         },
         "status": base,

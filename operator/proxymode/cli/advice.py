@@ -20,7 +20,7 @@ kernels) and a starter ProxyModePolicy. ipvs is never recommended where it is de
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxymode.api import models
@@ -59,6 +59,9 @@ class Advice:
     dimensions: list[Dimension]
     leave_out: list[dict[str, Any]]
     policy: dict[str, Any] | None
+    in_flight: list[dict[str, Any]] = field(default_factory=list)
+    """Policies migrating this cluster now (name, phase, targetMode, nodeProgress): the advice
+    reads the cluster as its source mode, and a second policy would be refused."""
 
     def wire(self) -> dict[str, Any]:
         return {
@@ -68,7 +71,29 @@ class Advice:
             "dimensions": [d.__dict__ for d in self.dimensions],
             "leaveOut": self.leave_out,
             "policy": self.policy,
+            "inFlight": self.in_flight,
         }
+
+
+TERMINAL_PHASES = frozenset({"", "Pending", "Completed", "RolledBack", "Failed"})
+
+
+def with_policies(a: Advice, policies: Sequence[dict[str, Any]]) -> Advice:
+    """``a`` told of the policies migrating the cluster now: they are named, and no starter
+    policy is offered while one runs (preflight would refuse a second: AnotherPolicyInFlight)."""
+    running = [
+        {
+            "name": p["metadata"]["name"],
+            "phase": (p.get("status") or {}).get("phase", ""),
+            "targetMode": (p.get("spec") or {}).get("targetMode"),
+            "nodeProgress": (p.get("status") or {}).get("nodeProgress"),
+        }
+        for p in policies
+        if (p.get("status") or {}).get("phase", "") not in TERMINAL_PHASES
+    ]
+    if not running:
+        return a
+    return replace(a, in_flight=running, policy=None)
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
@@ -344,6 +369,13 @@ def starter_policy(target: str, inv: Inventory, old: Sequence[Pool]) -> dict[str
 def render(a: Advice) -> str:
     verdict = a.recommendation if a.recommendation == STAY else f"move to {a.recommendation}"
     out = [f"Recommendation: {verdict}", f"  {a.summary}", ""]
+    for p in a.in_flight:
+        progress = f", {p['nodeProgress']} nodes moved" if p.get("nodeProgress") else ""
+        out[2:2] = [
+            f"  Note: policy {p['name']} is migrating this cluster to {p['targetMode']} now"
+            f" ({p['phase']}{progress}): this reads the cluster as its source mode, and no"
+            " starter policy is offered while it runs (a second would be refused).",
+        ]
     marks = {"for": "+", "against": "!", "neutral": "="}
     for d in a.dimensions:
         out.append(f"{marks.get(d.leaning, '=')} {d.name} ({d.leaning})")

@@ -9,6 +9,7 @@ its reasons per dimension, the pools to leave out and a starter ProxyModePolicy.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 from typing import Any
@@ -139,6 +140,8 @@ def inventory(cluster: Cluster, args: argparse.Namespace) -> advice.Inventory:
 def cmd_advise(args: argparse.Namespace) -> int:
     cluster = Cluster(connection(args))
     a = advice.advise(inventory(cluster, args))
+    with contextlib.suppress(ClientError):  # no CRD: no policy can be in flight
+        a = advice.with_policies(a, cluster.policies())
     if args.output != "text":
         emit(a.wire(), args.output)
         return 0
