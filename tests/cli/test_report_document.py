@@ -68,6 +68,16 @@ def run_data() -> document.RunData:
                 ],
             },
             "stages": [{"name": "canary", "phase": "Completed", "nodes": ["a", "b"]}],
+            "analysis": {
+                "checks": [
+                    {
+                        "name": "sync-p99",
+                        "canary": 0.19106246759624274,
+                        "baseline": 0.25,
+                        "verdict": "Pass",
+                    }
+                ]
+            },
         },
     }
     modes = {
@@ -165,6 +175,8 @@ def test_markdown_embeds_the_charts_as_data_images() -> None:
     assert all(base64.b64decode(i).startswith(b"<svg") for i in images)
     assert EXTERNAL.search(text) is None
     assert "| KernelTooOld |" in text.replace("| Warning ", "")
+    # Measured values as a person reads them, not every digit of a float.
+    assert "| sync-p99 | 0.1911 | 0.25 |" in text and "0.19106" not in text
 
 
 @pytest.mark.skipif(chromium() is None, reason="needs Debian's chromium")

@@ -205,7 +205,9 @@ def tables(data: RunData) -> list[tuple[str, list[str], list[list[Any]]]]:
         inventory.append(
             [key, ", ".join(f"{c['value']} ({c['count']})" for c in baseline.get(key) or [])]
         )
-    inventory += [[f"metric {k}", v] for k, v in sorted((baseline.get("metrics") or {}).items())]
+    inventory += [
+        [f"metric {k}", _shown(v)] for k, v in sorted((baseline.get("metrics") or {}).items())
+    ]
     return [
         ("Summary", ["", ""], summary),
         (
@@ -228,8 +230,8 @@ def tables(data: RunData) -> list[tuple[str, list[str], list[list[Any]]]]:
             [
                 [
                     c.get("name"),
-                    c.get("canary"),
-                    c.get("baseline"),
+                    _shown(c.get("canary")),
+                    _shown(c.get("baseline")),
                     threshold(specs.get(c.get("name")) or {}),
                     c.get("verdict"),
                 ]
@@ -323,3 +325,11 @@ def to_markdown(data: RunData) -> str:
         out.append("|" + "---|" * len(headers))
         out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(out) + "\n"
+
+
+def _shown(value: Any) -> Any:
+    """A measured value as a person reads it: four significant digits (0.1911, not
+    0.19106246759624274); anything else as it is."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return value
