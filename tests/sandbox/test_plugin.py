@@ -207,25 +207,24 @@ def test_status_watches_a_gated_migration_to_completed_and_reports_it(
     text = html.read_text()
     assert EXTERNAL.search(text) is None
     assert 'id="chart-nodes"' in text and 'id="chart-checks"' in text
+    # The Markdown one with the policy's Prometheus named as the cluster knows it (every
+    # example does): from outside the cluster the report reaches it as the operator does,
+    # through the API server's service proxy, and draws the same charts.
     md = tmp_path / "report.md"
-    kubectl_proxymode(sandbox, "report", name, "-o", str(md), "--format", "markdown", check=True)
-    assert md.read_text().count("data:image/svg+xml;base64,") == text.count("<svg")
-    # The policy's Prometheus named as the cluster knows it (every example does): from outside
-    # the cluster the report reaches it as the operator does, through the API server's service
-    # proxy, and draws the same charts.
-    inside = tmp_path / "inside.md"
     kubectl_proxymode(
         sandbox,
         "report",
         name,
         "-o",
-        str(inside),
+        str(md),
+        "--format",
+        "markdown",
         "--prometheus",
         IN_CLUSTER_PROMETHEUS,
         check=True,
     )
-    assert "through the API server's service proxy" in inside.read_text()
-    assert inside.read_text().count("data:image/svg+xml;base64,") == text.count("<svg")
+    assert "through the API server's service proxy" in md.read_text()
+    assert md.read_text().count("data:image/svg+xml;base64,") == text.count("<svg")
     if chromium() is None:
         pytest.skip("chromium is not installed: the report was not opened")
     png, charts = check_charts(html, tmp_path)
