@@ -112,18 +112,23 @@ def under_phase(
 
 
 def _undo(policies: client.CustomObjectsApi, name: str, phase: str, undo: dict[str, Any]) -> None:
-    """Put the spec back under ``phase`` again: the operator may meanwhile have stored a
-    phase under which the CEL rule refuses the undo itself (CI's run of 2e4e101: a 422 on
-    the undo, after the operator had acted on the accepted patch)."""
+    """Put the spec back, under a stored phase in which the CEL rules allow every change
+    (Pending, no snapshot): the operator may meanwhile have stored a phase under which they
+    refuse the undo itself (CI's run of 2e4e101: a 422 on the undo, after the operator had
+    acted on the accepted patch). It was written under ``phase``, the very phase whose
+    refusal is tested, so it passed only when the operator's own write came in between
+    (CI's run of 693e808: ten refusals in a row for kubeProxy under Analyzing)."""
     for _ in range(10):
-        policies.patch_cluster_custom_object_status(G, V, P, name, {"status": {"phase": phase}})
+        policies.patch_cluster_custom_object_status(
+            G, V, P, name, {"status": {"phase": "Pending", "backup": None}}
+        )
         try:
             policies.patch_cluster_custom_object(G, V, P, name, {"spec": undo})
             return
         except ApiException as refused:
             if refused.status != 422:
                 raise
-    pytest.fail(f"could not put the spec back under phase {phase} in 10 tries")
+    pytest.fail(f"could not put the spec back after testing it under {phase} in 10 tries")
 
 
 def test_target_mode_is_immutable_while_a_rollout_is_in_flight(
