@@ -17,15 +17,19 @@ def patient_client(kubeconfig: str | os.PathLike[str]) -> client.ApiClient:
 
     The matrix restarts kube-apiserver beside the other cases of its round, and a case's
     one-shot call (creating its policy, a person's label edit) that lands in the restart
-    failed the case with "connection refused" (a rehearsal, label-guarded). Only refused
+    failed the case with "connection refused" (a rehearsal, label-guarded). Refused
     connections are retried: such a request never reached the server, so a POST or PATCH
-    is safe to send again; nothing else is (a response lost mid-way is not retried)."""
+    is safe to send again. A connection the stopping server closes without an answer is
+    retried for reads only (GET, HEAD): a write may have been carried out (CI's run of
+    2264251: a case's world set-up read its ConfigMap as the restart began, "Remote end
+    closed connection without response")."""
     settings = client.Configuration()
     config.load_kube_config(config_file=str(kubeconfig), client_configuration=settings)
     settings.retries = Retry(
         total=None,
         connect=PATIENT_CONNECTS,
-        read=0,
+        read=PATIENT_CONNECTS,
+        allowed_methods=frozenset({"GET", "HEAD"}),  # read errors: reads only
         redirect=0,
         status=0,
         other=0,
