@@ -1,4 +1,5 @@
-"""External tools the tests run (promtool, prometheus), found the same way everywhere.
+"""External tools the tests run (promtool, prometheus), found the same way everywhere; and
+``serving``, a loopback HTTP(S) server a test stands in front of or in place of Prometheus.
 
 ``make system-deps`` installs them (Debian's prometheus package), and ``make test`` runs it
 first, so a missing tool is a broken setup, not a reason to skip: every test that needs one
@@ -9,6 +10,11 @@ Prometheus checks did not run).
 from __future__ import annotations
 
 import shutil
+import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -22,3 +28,24 @@ def required(name: str) -> str:
             pytrace=False,
         )
     return path
+
+
+@contextmanager
+def serving(
+    handler: type[BaseHTTPRequestHandler], tls: ssl.SSLContext | None = None
+) -> Iterator[str]:
+    """``handler`` on a free loopback port (HTTPS with ``tls``), for the ``with`` block: its
+    base URL. Stopped and its socket closed on the way out, also when the test fails; polled
+    every 50 ms, so stopping it costs no half-second wait."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    scheme = "https" if tls is not None else "http"
+    try:
+        yield f"{scheme}://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

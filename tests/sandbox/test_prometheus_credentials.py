@@ -23,7 +23,6 @@ import shutil
 import ssl
 import subprocess
 import tempfile
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -46,6 +45,7 @@ from proxymode_sandbox import Sandbox
 from proxymode_sandbox.certs import CertificateAuthority
 from proxymode_sandbox.process import free_port, stop_popen
 from tests.sandbox.harness import STAGES, KubeProxy, Policies, eventually
+from tests.tools import serving
 
 OPERATOR_NAMESPACE = "proxymode-system"  # the sandbox's operator runs without POD_NAMESPACE
 USER, PASSWORD, TOKEN = "proxymode", "correct horse battery staple", "t0ken-" + "x" * 32
@@ -188,16 +188,8 @@ def bearer_proxy(sandbox: Sandbox, tls: Tls) -> Iterator[str]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.socket = tls.server_context().wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serving(Handler, tls.server_context()) as url:
+        yield url
 
 
 def _ref(key: str) -> dict[str, str]:
