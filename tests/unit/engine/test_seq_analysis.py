@@ -36,9 +36,9 @@ TWO_CHECKS: dict[str, Any] = {
 }
 
 
-def _analysed_run(sim: Sim, **analysis: Any) -> Run:
-    slow = [{**s, "bakeSeconds": 600} for s in THREE_STAGES]
-    return Run(sim, make_policy(stages=slow, analysis={**ANALYSIS, **analysis}))
+def _analysed_run(sim: Sim, bake: int = 600, **analysis: Any) -> Run:
+    stages = [{**s, "bakeSeconds": bake} for s in THREE_STAGES]
+    return Run(sim, make_policy(stages=stages, analysis={**ANALYSIS, **analysis}))
 
 
 def _feed(run: Run, verdicts: list[str]) -> None:
@@ -264,13 +264,7 @@ def test_a_baked_stage_says_it_warms_up_then_how_many_passing_rounds_it_has() ->
     nothing), then how many passing rounds it has of those it needs."""
     sim = Sim.cluster({"canary": 2, "general": 2})
     sim.verdict = "Pass"
-    stages = [{**s, "bakeSeconds": 0} for s in THREE_STAGES]
-    run = Run(
-        sim,
-        make_policy(
-            stages=stages, analysis={**ANALYSIS, "warmupSeconds": 60, "minPassingRounds": 3}
-        ),
-    )
+    run = _analysed_run(sim, bake=0, warmupSeconds=60, minPassingRounds=3)
     run.until(lambda p: p.status.phase == Phase.ANALYZING)
     baked_since = run.policy.status.stages[0].baked_since
     assert baked_since is not None
@@ -290,14 +284,7 @@ def test_enough_passing_rounds_but_a_last_round_that_did_not_pass_is_named() -> 
     "9 of 3"."""
     sim = Sim.cluster({"canary": 2, "general": 2})
     sim.verdict = "Pass"
-    stages = [{**s, "bakeSeconds": 120} for s in THREE_STAGES]
-    run = Run(
-        sim,
-        make_policy(
-            stages=stages,
-            analysis={**ANALYSIS, "minPassingRounds": 3, "inconclusiveLimit": 50},
-        ),
-    )
+    run = _analysed_run(sim, bake=120, minPassingRounds=3, inconclusiveLimit=50)
     run.until(lambda p: p.status.phase == Phase.ANALYZING)
     run.until(lambda p: (p.status.analysis.passing_rounds if p.status.analysis else 0) >= 4)
     sim.verdict = "Inconclusive"
@@ -313,8 +300,7 @@ def test_a_round_left_out_for_old_proxy_samples_says_so_until_one_counts() -> No
     overwritten by the next idle look's wait, two writes a round)."""
     sim = Sim.cluster({"canary": 2, "general": 2})
     sim.verdict = "Pass"
-    stages = [{**s, "bakeSeconds": 0} for s in THREE_STAGES]
-    run = Run(sim, make_policy(stages=stages, analysis={**ANALYSIS, "windowSeconds": 300}))
+    run = _analysed_run(sim, bake=0, windowSeconds=300)
     run.until(lambda p: "round not counted" in p.status.message)
     left_out = run.policy.status.message
     assert "300s window reaches back before the stage's last switch" in left_out, left_out
