@@ -27,6 +27,7 @@ from proxymode.api import models
 
 # The inventory types live in their own module; advise's callers know them from here.
 from proxymode.cli.inventory import Inventory, Metrics, Pool, pools_of
+from proxymode.engine.look import TERMINAL
 from proxymode.kubeproxy import (
     KubeVersion,
     ModeSupport,
@@ -75,7 +76,8 @@ class Advice:
         }
 
 
-TERMINAL_PHASES = frozenset({"", "Pending", "Completed", "RolledBack", "Failed"})
+NOT_RUNNING = frozenset({"", str(models.Phase.PENDING), *(str(p) for p in TERMINAL)})
+"""Phases in which a policy drives nothing: not started yet, or ended (the engine's own)."""
 
 
 def with_policies(a: Advice, policies: Sequence[dict[str, Any]]) -> Advice:
@@ -89,7 +91,7 @@ def with_policies(a: Advice, policies: Sequence[dict[str, Any]]) -> Advice:
             "nodeProgress": (p.get("status") or {}).get("nodeProgress"),
         }
         for p in policies
-        if (p.get("status") or {}).get("phase", "") not in TERMINAL_PHASES
+        if (p.get("status") or {}).get("phase", "") not in NOT_RUNNING
     ]
     if not running:
         return a
