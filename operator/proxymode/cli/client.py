@@ -23,7 +23,12 @@ from proxymode.api.models import ProxyModePolicy
 from proxymode.engine.observed import ACTION_ANNOTATION, Observed
 from proxymode.kube.kubeconfig import kubectl_context
 from proxymode.kube.observe import Observer
-from proxymode.kube.reach import api_server_session, use_service_proxy
+from proxymode.kube.reach import (
+    PrometheusAnswerError,
+    api_server_session,
+    prometheus_data,
+    use_service_proxy,
+)
 
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
@@ -197,13 +202,8 @@ class Cluster:
 
 
 class Prometheus:
-    """Instant and range queries by POST (long matchers stay out of URLs).
-
-    ``Cluster.prometheus`` builds one the way the operator reaches the same URL: an in-cluster
-    Service URL (``NAME.NAMESPACE.svc``) through the API server's service proxy when this
-    process runs outside the cluster (docs/decisions/0032), so ``report`` and ``advise`` read
-    the policy's own Prometheus from a laptop as the operator does.
-    """
+    """Instant and range queries by POST (long matchers stay out of URLs); built by
+    ``Cluster.prometheus``, which decides how the URL is reached."""
 
     def __init__(
         self,
@@ -231,26 +231,11 @@ class Prometheus:
         except (requests.RequestException, OSError, ValueError) as e:
             raise ClientError(f"Prometheus at {self.shown} did not answer: {e}") from e
         try:
-            payload = response.json()
-        except ValueError:
-            payload = None
-        if not isinstance(payload, dict):
-            raise ClientError(
-                f"Prometheus at {self.shown} did not answer as Prometheus: HTTP"
-                f" {response.status_code} {response.reason}: {response.text[:200]!r}"
-            )
-        if payload.get("status") == "error":  # Prometheus's own refusal (a bad query)
-            raise ClientError(f"Prometheus refused the query: {payload.get('error')}")
-        if not response.ok or payload.get("status") != "success":
-            # The API server's service proxy answers for Prometheus with a Status object:
-            # 403 (no get on services/proxy), 404 (no such Service), 503 (no endpoint).
-            said = payload.get("message") or payload.get("error") or response.reason
-            raise ClientError(
-                f"Prometheus at {self.shown} did not answer: HTTP {response.status_code}: {said}"
-            )
-        data = payload.get("data")
-        if not isinstance(data, dict) or not isinstance(data.get("result"), list):
-            raise ClientError(f"Prometheus at {self.shown} answered without a result: {data!r}")
+            data = prometheus_data(response)
+        except PrometheusAnswerError as e:
+            raise ClientError(f"Prometheus {e}; at {self.shown}") from e
+        if not isinstance(data.get("result"), list):
+            raise ClientError(f"Prometheus answered without a result: {data!r}; at {self.shown}")
         return data["result"]
 
     def instant(self, query: str) -> list[tuple[dict[str, str], float]]:

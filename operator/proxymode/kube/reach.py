@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
@@ -96,3 +97,37 @@ def api_server_session(api: client.ApiClient, session: requests.Session) -> bool
     if not cfg.verify_ssl:
         return False
     return str(cfg.ssl_ca_cert) if cfg.ssl_ca_cert else True
+
+
+class PrometheusAnswerError(RuntimeError):
+    """What came back instead of a Prometheus result, as a phrase whose subject is
+    Prometheus ("did not answer: HTTP 404: ...", "refused the query: ...")."""
+
+
+def prometheus_data(response: requests.Response) -> dict[str, Any]:
+    """The ``data`` of a Prometheus API answer, or ``PrometheusAnswerError`` saying what came
+    back instead: the service proxy's Status (403 without ``get`` on ``services/proxy``, 404
+    for a missing Service, 503 with no endpoint), Prometheus's own refusal (a bad query), a
+    gateway's page, JSON that is not Prometheus's. The operator's rounds and the plugin read
+    answers through this one function."""
+    code = f"HTTP {response.status_code}"
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise PrometheusAnswerError(
+            f"did not answer as Prometheus: {code} {response.reason}: {response.text[:200]!r}"
+        )
+    if body.get("kind") == "Status":
+        said = body.get("message") or body.get("reason") or "no message"
+        raise PrometheusAnswerError(
+            f"did not answer: {code}: {said} (said the API server's service proxy)"
+        )
+    if body.get("status") == "error":
+        said = f"{body.get('errorType', '')} {body.get('error', '')}".strip()
+        raise PrometheusAnswerError(f"refused the query: {said} ({code})")
+    data = body.get("data")
+    if body.get("status") != "success" or not isinstance(data, dict):
+        raise PrometheusAnswerError(f"answered without a result: {body!r:.200}")
+    return data

@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import requests
 from kubernetes import client
@@ -164,24 +163,7 @@ class Prometheus:
         response = self.session.post(
             self.url, data=form, timeout=self.timeout + 5, verify=self.verify
         )
-        try:
-            body: dict[str, Any] = response.json()
-        except ValueError:
-            response.raise_for_status()
-            raise
-        if body.get("kind") == "Status":
-            # Not Prometheus: the API server's service proxy (an in-cluster URL reached from
-            # outside, decision 0032) answered for it, e.g. the Service does not exist.
-            raise RuntimeError(
-                f"HTTP {response.status_code} from the API server's service proxy:"
-                f" {body.get('message') or body.get('reason') or 'no message'}"
-            )
-        if body.get("status") != "success":
-            raise RuntimeError(
-                f"HTTP {response.status_code}: {body.get('errorType', '')}"
-                f" {body.get('error', response.text[:200])}".strip()
-            )
-        data = body.get("data") or {}
+        data = reach.prometheus_data(response)
         if data.get("resultType") == "scalar":
             return [({}, float(data["result"][1]))]
         return [(dict(r.get("metric") or {}), float(r["value"][1])) for r in data["result"]]
