@@ -282,10 +282,18 @@ def test_status_timeout_exits_4_on_failed(
 def test_advise_keeps_the_legacy_pool_on_iptables_and_never_says_ipvs(
     sandbox: Sandbox, operator: Sandbox
 ) -> None:
-    done = kubectl_proxymode(
-        sandbox, "advise", "--prometheus", sandbox.prometheus_url, "-o", "json", check=True
-    )
-    a = json.loads(done.stdout)
+    def measured() -> dict[str, Any] | None:
+        """advise's answer once Prometheus has kube-proxy's sync histogram to measure: on a
+        sandbox only seconds old (this test first on its worker) it has no sample yet."""
+        done = kubectl_proxymode(
+            sandbox, "advise", "--prometheus", sandbox.prometheus_url, "-o", "json", check=True
+        )
+        answer: dict[str, Any] = json.loads(done.stdout)
+        convergence = next(d for d in answer["dimensions"] if d["name"] == "rule convergence")
+        sync = [r for r in convergence["reasons"] if "sync p99 today" in r]
+        return answer if sync and "not measured" not in sync[0].split(",")[0] else None
+
+    a = eventually(measured, timeout=60, interval=2, what="a sync p99 measured by advise")
     assert a["currentMode"] == "iptables"
     assert a["recommendation"] == "nftables"
     assert [p["pool"] for p in a["leaveOut"]] == ["legacy"]
