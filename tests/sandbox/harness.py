@@ -201,7 +201,9 @@ class Sampler(threading.Thread):
 class PodStarts(threading.Thread):
     """kube-proxy pods started per node in a namespace, from a watch that begins after a
     list (the pods already there are not starts): every pod the DaemonSet controllers
-    create is seen, however briefly it lives."""
+    create is seen, however briefly it lives. ``crashed`` names the nodes where any
+    kube-proxy container (an earlier pod's too) was seen restarted: every status the
+    kubelet writes is seen, however soon the pod is replaced."""
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         super().__init__(daemon=True)
@@ -209,6 +211,7 @@ class PodStarts(threading.Thread):
         self.namespace = namespace
         self.halt = threading.Event()
         self.node_of: dict[str, str] = {}  # pod uid -> node, once bound
+        self.crashed: set[str] = set()
         self.expired = False
         listed = self.core.list_namespaced_pod(namespace, label_selector="k8s-app=kube-proxy")
         self.version = listed.metadata.resource_version
@@ -233,6 +236,9 @@ class PodStarts(threading.Thread):
                     self.version = pod.metadata.resource_version or self.version
                     if pod.metadata.uid not in self.before and pod.spec.node_name:
                         self.node_of[pod.metadata.uid] = pod.spec.node_name
+                    statuses = (pod.status and pod.status.container_statuses) or []
+                    if pod.spec.node_name and any(cs.restart_count > 0 for cs in statuses):
+                        self.crashed.add(pod.spec.node_name)
             except ApiException as e:
                 if e.status == 410:  # too old: starts may have been missed; the test says so
                     self.expired = True

@@ -22,7 +22,7 @@ from kubernetes import client, config
 
 from proxymode_sandbox import Sandbox, SandboxConfig, evidence, netns, process
 from proxymode_sandbox.services import ECHO_CLUSTER_IP
-from tests.sandbox.harness import Policies, eventually
+from tests.sandbox.harness import Policies, PodStarts, eventually
 from tests.sandbox.reach import MoveClock
 
 pytestmark = [pytest.mark.sandbox]
@@ -244,10 +244,12 @@ def test_rollback_from_nftables_restores_iptables_rules_on_real_nodes(
 def test_an_override_the_real_kube_proxy_rejects_crash_loops_the_canary_and_rolls_back(
     real: Sandbox, real_api: client.ApiClient
 ) -> None:
-    core = client.CoreV1Api(real_api)
     policies = Policies(real_api)
     real.start_operator()
-    crashed: set[str] = set()
+    # A watch, not polling: the operator rolls back on the first restart it sees, and the
+    # canary's pod can be replaced before a poll finds it restarted (CI's run of b3c36f4).
+    pods = PodStarts(real_api, "kube-system")
+    pods.start()
     try:
         name = policies.create(
             "kube-system",
@@ -255,23 +257,16 @@ def test_an_override_the_real_kube_proxy_rejects_crash_loops_the_canary_and_roll
             configOverrides={"featureGates": {"SandboxNoSuchGate": True}},
             readyTimeoutSeconds=60,
         )
-
-        def crash_looping() -> bool:
-            for pod in core.list_namespaced_pod("kube-system").items:
-                for cs in pod.status.container_statuses or []:
-                    waiting = cs.state.waiting
-                    if cs.restart_count > 0 and waiting and waiting.reason == "CrashLoopBackOff":
-                        crashed.add(pod.spec.node_name)
-            return bool(crashed)
-
-        eventually(crash_looping, timeout=120, what="a kube-proxy in CrashLoopBackOff")
+        eventually(lambda: pods.crashed, timeout=120, what="a kube-proxy container restarted")
         status = policies.wait_phase(name, "RolledBack", "Failed", "Completed", timeout=240)
         assert status["phase"] == "RolledBack", status.get("message")
-        assert crashed == {"canary-1"}, crashed  # the canary, and only the canary
+        assert pods.crashed == {"canary-1"}, pods.crashed  # the canary, and only the canary
         assert status["rollbackReason"] == "KubeProxyUnhealthy", status["rollbackReason"]
         assert "canary-1" in status["rollbackMessage"], status["rollbackMessage"]
         _assert_iptables_everywhere(real)
     finally:
+        pods.halt.set()
+        pods.join(timeout=10)
         policies.delete_all()
         real.stop_operator()
 

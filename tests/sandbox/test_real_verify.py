@@ -58,7 +58,7 @@ def api(box: Sandbox) -> client.ApiClient:
 
 def _migrate(
     box: Sandbox, api: client.ApiClient, policies: Policies, **spec: Any
-) -> tuple[dict[str, Any], str, str]:
+) -> tuple[dict[str, Any], Reachability, str]:
     """iptables -> nftables with maxUnavailable 1, sampled; (status, reachability, move times)."""
     nodes = box.real_node_names()
     for node in nodes:
@@ -75,11 +75,13 @@ def _migrate(
         clock.halt.set()
     moves = ", ".join(f"{n} {s:.1f}s" for n, s in sorted(clock.per_node().items()))
     times = f"run {total:.1f}s; switching -> verified per node: {moves or 'n/a'}"
-    return status, reach.report(), times
+    return status, reach, times
 
 
 @pytest.fixture(scope="module")
-def forward(box: Sandbox, api: client.ApiClient) -> tuple[Policies, dict[str, Any], str, str]:
+def forward(
+    box: Sandbox, api: client.ApiClient
+) -> tuple[Policies, dict[str, Any], Reachability, str]:
     """The module's one migration forward (its policy stays, Completed, not finalized)."""
     policies = Policies(api)
     status, reach, times = _migrate(box, api, policies, finalize=False)
@@ -88,7 +90,7 @@ def forward(box: Sandbox, api: client.ApiClient) -> tuple[Policies, dict[str, An
 
 @pytest.mark.timeout(1500)  # a 2,000-Service sandbox and first syncs on 2 shared cores
 def test_echo_stays_reachable_on_all_but_max_unavailable_nodes_through_a_migration(
-    box: Sandbox, forward: tuple[Policies, dict[str, Any], str, str]
+    box: Sandbox, forward: tuple[Policies, dict[str, Any], Reachability, str]
 ) -> None:
     """iptables -> nftables, maxUnavailable 1: at no sampled moment are more than one node
     unable to reach echo, and every node is verified in nftables with its figures.
@@ -100,10 +102,11 @@ def test_echo_stays_reachable_on_all_but_max_unavailable_nodes_through_a_migrati
     with ``verify: {enabled: false}`` (Ready is moved, the old rule) had all three nodes
     unable to reach echo at once, for 29 s (decision 0080)."""
     policies, status, reach, times = forward
-    print(f"\nverify ON, {SERVICES} Services: {reach}; {times}")
+    print(f"\nverify ON, {SERVICES} Services: {reach.report()}; {times}")
     assert status["phase"] == "Completed", status.get("message")
-    worst = int(reach.split("at most ", 1)[1].split()[0])
-    assert worst <= 1, reach
+    worst, _ = reach.overlap()
+    assert worst <= 1, reach.report()
+    assert reach.flapping() == {}, reach.report()
     final = policies.status(policies.names[-1])["verification"]
     assert final["verified"] == len(box.real_node_names()), final
     assert final["failed"] == 0 and all(v["mode"] == "nftables" for v in final["latest"])
@@ -167,7 +170,9 @@ class _FaultOnSwitch(threading.Thread):
 
 @pytest.mark.timeout(1500)
 def test_deleting_it_walks_the_real_nodes_back_through_faults_with_echo_answering(
-    box: Sandbox, api: client.ApiClient, forward: tuple[Policies, dict[str, Any], str, str]
+    box: Sandbox,
+    api: client.ApiClient,
+    forward: tuple[Policies, dict[str, Any], Reachability, str],
 ) -> None:
     """issue 15 on real nodes: the migrated policy deleted (every node walks back to
     iptables, each through switching and verified), the operator SIGKILLed as the first node
@@ -201,6 +206,7 @@ def test_deleting_it_walks_the_real_nodes_back_through_faults_with_echo_answerin
     assert len(faults.done) == 2, faults.done
     worst, _ = reach.overlap()
     assert worst <= 1, f"{reach.report()}; at {reach.worst_moments()}; faults {faults.times(began)}"
+    assert reach.flapping() == {}, reach.report()
     for node in nodes:
         assert evidence.nft_services(box.exec, node) is None, f"nftables left on {node}"
         eventually(lambda n=node: evidence.iptables_services(box.exec, n) > SERVICES,
