@@ -22,7 +22,7 @@ from kubernetes import client, config
 
 from proxymode_sandbox import Sandbox, SandboxConfig, evidence, netns, process
 from proxymode_sandbox.services import ECHO_CLUSTER_IP
-from tests.sandbox.harness import Policies, PodStarts, eventually
+from tests.sandbox.harness import PodStarts, Policies, eventually
 from tests.sandbox.reach import MoveClock
 
 pytestmark = [pytest.mark.sandbox]
