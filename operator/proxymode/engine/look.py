@@ -45,6 +45,11 @@ class Look:
     trouble: str | None = None
     """A failure this look saw but did not act on (a mixed-mode move that cannot finish):
     the Degraded condition reports it."""
+    moves_held: str | None = None
+    """Why this look starts no node move (the moves in flight are still stepped): the
+    target DaemonSet's own controller is replacing pods, one node at a time, and a move of
+    the operator's beside it would put one node more between proxies than maxUnavailable
+    allows (``restore.target_rolling``)."""
 
     def __post_init__(self) -> None:
         self.spec: PolicySpec = self.policy.spec

@@ -356,6 +356,8 @@ def start_moves(
       that is not moving yet has no working proxy to lose, and counting it would block
       the very move that mends it.
     """
+    if look.moves_held is not None:
+        return []
     moving = {m.node for m in look.status.moves}
     planned = look.planned()
     if direction == MoveDirection.FORWARD:

@@ -11,7 +11,12 @@ from proxymode.api.reasons import FailureReason
 from proxymode.engine import naming, objects
 from proxymode.engine.actions import ApplyObject, PatchObject, SaveBackup
 from proxymode.engine.look import Look
-from proxymode.engine.restore import generation_observed, own_spec, template_hash
+from proxymode.engine.restore import (
+    generation_observed,
+    own_spec,
+    target_rolling,
+    template_hash,
+)
 from proxymode.kubeproxy import (
     ConfigError,
     KubeVersion,
@@ -133,8 +138,19 @@ def ensure_setup(look: Look) -> bool:
         look.actions.append(ApplyObject(desired_cm))
         ready = False
     if template_hash(look.obs.target_daemon_set) != template_hash(desired_ds):
-        look.actions.append(ApplyObject(desired_ds))
-        ready = False
+        if look.obs.target_daemon_set is not None and look.status.moves:
+            # Applied now, its controller would replace a target pod beside the moves in
+            # flight: one node more between proxies than maxUnavailable. It follows once
+            # they end, and no move starts meanwhile.
+            look.moves_held = (
+                "the source DaemonSet's template changed, and the target DaemonSet follows"
+                " it once the moves in flight end"
+            )
+        else:
+            look.actions.append(ApplyObject(desired_ds))
+            ready = False
+    else:
+        look.moves_held = target_rolling(look)
     if not objects.source_is_patched(src_ds, mode):
         look.actions.append(
             PatchObject(

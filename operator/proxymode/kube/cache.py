@@ -45,6 +45,7 @@ from kubernetes.client.exceptions import ApiException
 
 from proxymode.engine.objects import job_node
 from proxymode.engine.observed import (
+    CONFIG_HASH_ANNOTATION,
     JOB_KIND_LABEL,
     MANAGED_BY,
     POLICY_LABEL,
@@ -84,6 +85,8 @@ class PodRecord:
     """The pod ran to its end (phase Succeeded or Failed, or a container terminated)."""
     mirror: bool = False
     """A static pod's mirror (``kubernetes.io/config.mirror``): preflight names them."""
+    config_hash: str | None = None
+    """The pod's ``proxymode.io/config-hash`` annotation (which target template made it)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         ready_changed=ready.get("lastTransitionTime"),
         job=(meta.get("labels") or {}).get("job-name", "") or "",
         mirror=MIRROR_ANNOTATION in (meta.get("annotations") or {}),
+        config_hash=(meta.get("annotations") or {}).get(CONFIG_HASH_ANNOTATION),
         finished=status.get("phase") in ("Succeeded", "Failed")
         or any(
             (c.get("state") or {}).get("terminated") for c in status.get("containerStatuses") or []

@@ -23,6 +23,7 @@ from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.engine.objects import job_node
 from proxymode.engine.observed import (
     ACTION_ANNOTATION,
+    CONFIG_HASH_ANNOTATION,
     JOB_KIND_LABEL,
     POLICY_LABEL,
     AnalysisRound,
@@ -122,6 +123,7 @@ def proxy_pod(pod: Object, kind: ProxyKind) -> ProxyPod:
         terminating=bool(pod["metadata"].get("deletionTimestamp")),
         created=_time(pod["metadata"].get("creationTimestamp")),
         ready_changed=_ready_changed(pod),
+        config_hash=(pod["metadata"].get("annotations") or {}).get(CONFIG_HASH_ANNOTATION),
     )
 
 
@@ -142,6 +144,7 @@ def _from_record(record: PodRecord, kind: ProxyKind) -> ProxyPod:
         terminating=record.terminating,
         created=_time(record.created),
         ready_changed=_time(record.ready_changed),
+        config_hash=record.config_hash,
     )
 
 

@@ -52,6 +52,7 @@ from proxymode.engine.actions import (
     SetNodeMode,
 )
 from proxymode.engine.observed import (
+    CONFIG_HASH_ANNOTATION,
     JOB_KIND_LABEL,
     MODE_LABEL,
     AnalysisRound,
@@ -95,6 +96,7 @@ class SimPod:
     config: str | None = None  # the ConfigMap it read
     was_ready: bool = False
     ready_changed: datetime | None = None  # the Ready condition's lastTransitionTime
+    config_hash: str | None = None  # its template's proxymode.io/config-hash annotation
 
     def note_readiness(self, now: datetime) -> None:
         """What the kubelet does: stamp the Ready condition's transition time."""
@@ -257,6 +259,9 @@ class Sim:
                 born=self.now,
                 mode=self._mode_in(config),
                 config=config,
+                config_hash=(ds["spec"]["template"].get("metadata") or {})
+                .get("annotations", {})
+                .get(CONFIG_HASH_ANNOTATION),
             )
             if self.crashloop_target and MODE_LABEL in ds["spec"]["selector"]["matchLabels"]:
                 pod.crashloop = True
@@ -402,6 +407,7 @@ class Sim:
                 # As the API server keeps it: creationTimestamp has whole seconds.
                 created=p.born.replace(microsecond=0),
                 ready_changed=p.ready_changed,
+                config_hash=p.config_hash,
             )
             for p in self.pods
         )

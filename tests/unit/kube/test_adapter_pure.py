@@ -92,6 +92,7 @@ def test_the_cache_keeps_only_what_the_engine_reads() -> None:
             "creationTimestamp": "2026-01-01T00:00:00Z",
             "ownerReferences": [{"uid": "u1", "controller": True}],
             "labels": {"big": "x" * 1000},
+            "annotations": {"proxymode.io/config-hash": "h1", "big": "y" * 1000},
         },
         "spec": {"nodeName": "n1", "containers": [{"name": "kube-proxy"}]},
         "status": {
@@ -104,6 +105,7 @@ def test_the_cache_keeps_only_what_the_engine_reads() -> None:
     record = pod_record(pod)
     assert (record.node, record.owner_uid, record.ready, record.restarts) == ("n1", "u1", True, 2)
     assert record.ready_changed == "2026-01-01T00:01:00Z"
+    assert record.config_hash == "h1", "which target template made it (restore.target_rolling)"
     heartbeat = {**pod, "metadata": {**pod["metadata"], "resourceVersion": "99"}}
     assert pod_record(heartbeat) == record, "a change the engine cannot act on is no change"
     job = job_record(

@@ -16,6 +16,7 @@ from proxymode.engine.restore import (
     patch_config_data,
     restore_source_spec,
     rolled_out,
+    target_rolling,
 )
 from proxymode.engine.setup import kube_proxy_version
 from proxymode.engine.stages import nodes
@@ -52,8 +53,11 @@ def look(lk: Look) -> Phase | None:
         return None
     labelled = moves.labelled(lk, lk.planned())
     if labelled or lk.status.moves:
+        lk.moves_held = target_rolling(lk)
         moves.start_moves(lk, labelled, MoveDirection.HANDBACK)
-        lk.status.message = f"handing {nodes(len(labelled))} back to the source DaemonSet"
+        lk.status.message = f"handing {nodes(len(labelled))} back to the source DaemonSet" + (
+            f"; no new hand-back starts: {lk.moves_held}" if lk.moves_held else ""
+        )
         lk.requeue = 2
         return None
     if _restore_source(lk, backup, src_ds):

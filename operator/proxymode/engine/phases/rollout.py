@@ -54,7 +54,11 @@ def look(lk: Look) -> Phase | None:
             EventReason.STAGE_PROGRESSING,
             f"stage {stage.name}: {len(done)}/{len(stage.nodes)} nodes moved",
         )
-        if held:
+        if lk.moves_held:
+            lk.status.message = (
+                f"{lk.status.message or ''}; no new node move starts: {lk.moves_held}"
+            )
+        elif held:
             lk.status.message = f"{lk.status.message or ''}" + (
                 f"; maxUnavailable is held by {_names(held)}, without a Ready kube-proxy:"
                 " no further node moves until that changes"
