@@ -42,39 +42,6 @@ def rolled_out(ds: Object) -> bool:
     )
 
 
-def target_rolling(look: Look) -> str | None:
-    """Why no move may start now: the target DaemonSet is rolling a changed template out.
-
-    Its template follows the source's (a person's image bump reaches it, ``setup``), and
-    its ``RollingUpdate`` replaces one target pod at a time: that node is between proxies
-    by the DaemonSet controller's hand, not the operator's, and a move started beside it
-    made two where maxUnavailable was 1 (the fault matrix's image-finalize case, CI
-    rehearsal of 2026-12-07). Until the controller has taken the template up and no target
-    pod of an older one is left running, the operator starts no move; None when none
-    is under way."""
-    ds = look.obs.target_daemon_set
-    if ds is None:
-        return None
-    if not generation_observed(ds):
-        return "the target DaemonSet's changed template is not yet taken up by its controller"
-    want = template_hash(ds)
-    older = sorted(
-        p.node
-        for p in look.obs.pods
-        if p.kind == ProxyKind.TARGET
-        and not p.terminating
-        and p.config_hash is not None
-        and p.config_hash != want
-    )
-    if older:
-        shown = ", ".join(older[:5]) + (f" and {len(older) - 5} more" if len(older) > 5 else "")
-        return (
-            "the target DaemonSet is rolling a changed template out, one node at a time"
-            f" (still to replace: {shown})"
-        )
-    return None
-
-
 def delete_target_pair(look: Look) -> bool:
     """Ask for the target DaemonSet and ConfigMap to go. True when neither exists."""
     gone = True

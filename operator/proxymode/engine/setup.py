@@ -8,15 +8,11 @@ from __future__ import annotations
 
 from proxymode.api.models import BackupRef
 from proxymode.api.reasons import FailureReason
-from proxymode.engine import naming, objects
+from proxymode.engine import naming, objects, target_roll
 from proxymode.engine.actions import ApplyObject, PatchObject, SaveBackup
 from proxymode.engine.look import Look
-from proxymode.engine.restore import (
-    generation_observed,
-    own_spec,
-    target_rolling,
-    template_hash,
-)
+from proxymode.engine.observed import Object
+from proxymode.engine.restore import generation_observed, own_spec, template_hash
 from proxymode.kubeproxy import (
     ConfigError,
     KubeVersion,
@@ -137,20 +133,19 @@ def ensure_setup(look: Look) -> bool:
     if (look.obs.target_config_map or {}).get("data") != desired_cm["data"]:
         look.actions.append(ApplyObject(desired_cm))
         ready = False
-    if template_hash(look.obs.target_daemon_set) != template_hash(desired_ds):
-        if look.obs.target_daemon_set is not None and look.status.moves:
-            # Applied now, its controller would replace a target pod beside the moves in
-            # flight: one node more between proxies than maxUnavailable. It follows once
-            # they end, and no move starts meanwhile.
-            look.moves_held = (
-                "the source DaemonSet's template changed, and the target DaemonSet follows"
-                " it once the moves in flight end"
-            )
+    if template_hash(look.obs.target_daemon_set) != template_hash(desired_ds) or _strategy(
+        look.obs.target_daemon_set
+    ) not in (None, _strategy(desired_ds)):
+        # Applied, its controller replaces a target pod: one more node between proxies,
+        # so it waits for the budget like a move, and no move starts meanwhile.
+        wait = target_roll.apply_held(look) if look.obs.target_daemon_set is not None else None
+        if wait is not None:
+            look.moves_held = f"the source DaemonSet's template changed, and {wait}"
         else:
             look.actions.append(ApplyObject(desired_ds))
             ready = False
     else:
-        look.moves_held = target_rolling(look)
+        look.moves_held = target_roll.rolling(look)
     if not objects.source_is_patched(src_ds, mode):
         look.actions.append(
             PatchObject(
@@ -171,3 +166,9 @@ def ensure_setup(look: Look) -> bool:
     elif not generation_observed(src_ds):
         ready = False
     return ready
+
+
+def _strategy(ds: Object | None) -> object:
+    """The update strategy's type (a rollback turns the target's to ``OnDelete``; a
+    rollout it returns to gets ``RollingUpdate`` back)."""
+    return None if ds is None else (ds["spec"].get("updateStrategy") or {}).get("type")

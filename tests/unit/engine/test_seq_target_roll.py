@@ -13,8 +13,10 @@ from __future__ import annotations
 import pytest
 
 from proxymode.api.models import Phase
+from proxymode.engine.machine import advance
+from proxymode.engine.observed import MODE_LABEL
 from tests.unit.engine.seq import Run, make_policy, terminal
-from tests.unit.engine.sim import Sim
+from tests.unit.engine.sim import Sim, _hash
 
 
 def _bump(sim: Sim) -> str:
@@ -71,3 +73,77 @@ def test_the_target_follows_the_bump_once_the_moves_in_flight_end() -> None:
         run.policy.status.message or ""
     )
     run.until(lambda p: _target_image(sim) == bumped, limit=50)
+
+
+# -- found by a review of the first version (each failed before its fix) ---------------------
+
+
+def test_no_hand_back_starts_until_the_last_replaced_pod_is_ready() -> None:
+    """Bumped while the last stage bakes, the roll runs into Finalizing: the hold must last
+    until the last node's new pod is Ready, not only until its old one is gone (the
+    hand-back budget counts only the nodes being moved)."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING and p.status.current_stage == 2)
+    _bump(sim)
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+
+
+def test_a_move_hidden_by_a_lost_status_write_still_defers_the_template() -> None:
+    """The operator died after labelling a node ``switching`` and before writing the move:
+    the status shows none in flight, the label does; the template waits for it."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.until(lambda p: p.status.current_stage == 1 and p.status.stages[1].nodes_done == 1)
+    run.until(lambda p: not p.status.moves)
+    while not advance(run.policy, run.observe()).status.moves:
+        run.step()
+    run.step(lose_status=True)
+    assert not run.policy.status.moves
+    assert "switching" in {v.labels.get(MODE_LABEL) for v in sim.nodes.values()}
+    _bump(sim)
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+
+
+def test_the_template_waits_while_a_node_is_already_down() -> None:
+    """The roll takes one node down: with maxUnavailable already used by a node whose
+    kube-proxy is not Ready, the template waits like a move would."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.until(lambda p: p.status.current_stage == 1 and p.status.stages[1].nodes_done == 1)
+    run.until(lambda p: not p.status.moves)
+    down = next(p for p in sim.pods if p.node == "general-4")
+    down.unready = 20
+    run.step()
+    before = _target_image(sim)
+    bumped = _bump(sim)
+    run.steps(3)
+    assert down.unready and _target_image(sim) == before, "applied beside a node already down"
+    run.until(lambda p: _target_image(sim) == bumped, limit=100)
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+
+
+@pytest.mark.parametrize("step", [12, 30, 48, 60])
+def test_a_bumped_image_that_crash_loops_rolls_back_without_spreading(step: int) -> None:
+    """The bumped image's target pods crash-loop. The run rolls back (from a stage, or from
+    Finalizing by way of a FinalizeStuck pause), and the rollback turns the target's
+    strategy to OnDelete: each node walked back would otherwise free the controller's
+    budget for the next node to get the bad image, beside the walk."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.steps(step)
+    old = sim.get("DaemonSet", "kube-proxy-nftables")
+    before = _hash(old["spec"]["template"]) if old else None
+    _bump(sim)
+
+    def bad_image(_i: int, s: Sim, _p: object) -> None:
+        for pod in s.pods:
+            if pod.owner == "kube-proxy-nftables" and pod.template != before:
+                pod.crashloop = True
+
+    run.until(terminal, hook=bad_image, limit=1000)
+    assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+    assert "restarted" in (run.policy.status.rollback_message or "")

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from proxymode.api.models import MoveDirection, Phase, SourceTemplate
 from proxymode.api.reasons import EventReason, FailureReason, PauseReason
-from proxymode.engine import moves, objects
+from proxymode.engine import moves, objects, target_roll
 from proxymode.engine.look import Look
 from proxymode.engine.observed import Object
 from proxymode.engine.restore import (
@@ -16,7 +16,6 @@ from proxymode.engine.restore import (
     patch_config_data,
     restore_source_spec,
     rolled_out,
-    target_rolling,
 )
 from proxymode.engine.setup import kube_proxy_version
 from proxymode.engine.stages import nodes
@@ -53,12 +52,7 @@ def look(lk: Look) -> Phase | None:
         return None
     labelled = moves.labelled(lk, lk.planned())
     if labelled or lk.status.moves:
-        lk.moves_held = target_rolling(lk)
-        moves.start_moves(lk, labelled, MoveDirection.HANDBACK)
-        lk.status.message = f"handing {nodes(len(labelled))} back to the source DaemonSet" + (
-            f"; no new hand-back starts: {lk.moves_held}" if lk.moves_held else ""
-        )
-        lk.requeue = 2
+        _hand_back(lk, labelled)
         return None
     if _restore_source(lk, backup, src_ds):
         lk.status.finalized = True
@@ -70,6 +64,21 @@ def look(lk: Look) -> Phase | None:
         )
         lk.requeue = 1  # the next look tidies up the snapshot
     return None
+
+
+def _hand_back(lk: Look, labelled: list[str]) -> None:
+    """Hand nodes back within the budget, never beside the target DaemonSet's own rolling
+    update (``target_roll``); pause on a roll that does not become Ready."""
+    stuck = target_roll.stalled(lk)
+    if stuck:
+        lk.pause(PauseReason.FINALIZE_STUCK, stuck)
+        return
+    lk.moves_held = target_roll.rolling(lk, until_ready=True)
+    moves.start_moves(lk, labelled, MoveDirection.HANDBACK)
+    lk.status.message = f"handing {nodes(len(labelled))} back to the source DaemonSet" + (
+        f"; no new hand-back starts: {lk.moves_held}" if lk.moves_held else ""
+    )
+    lk.requeue = 2
 
 
 def _restore_source(lk: Look, backup: Mapping[str, str], src_ds: Object) -> bool:

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from proxymode.api.models import MoveDirection, Phase, StagePhase
 from proxymode.api.reasons import EventReason, FailureReason, RollbackReason
-from proxymode.engine import moves, objects
+from proxymode.engine import moves, objects, target_roll
 from proxymode.engine.actions import PatchObject, SetNodeMode
 from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, ProxyKind
@@ -26,6 +26,7 @@ def look(lk: Look) -> Phase | None:
         return None
     if not _source_config_first(lk):
         return None
+    target_roll.stop(lk)
     failure = moves.drive(lk, MoveDirection.BACK)
     if failure:
         lk.fail(FailureReason.ROLLBACK_STUCK, f"rollback cannot finish: {failure}")

@@ -1,0 +1,138 @@
+"""The target DaemonSet's own rolling update, kept apart from the operator's moves.
+
+The target's template follows the source's (``setup``: a person's image bump reaches it),
+and its ``RollingUpdate`` has the DaemonSet controller replace one target pod at a time.
+That node is between proxies by the controller's hand, not the operator's; a move started
+beside it put two nodes down where maxUnavailable was 1 (the fault matrix's image-finalize
+case, docs/reliability.md finding 12). So the roll is treated like one more move:
+
+- ``apply_held``: a changed template is applied only when the budget has room for the
+  node the controller will take down: no move in flight, no node at ``switching`` (a lost
+  status write can hide a move), fewer nodes without a Ready kube-proxy than the budget;
+- ``rolling``: while the controller has not taken the template up, or a pod of an older
+  template still runs or terminates, no move starts (with ``until_ready``, the hand-backs
+  of finalize, also while a node at the target has no Ready pod of the new template: the
+  hand-back budget counts only the nodes being moved);
+- ``stalled``: a pod of the new template not Ready for readyTimeoutSeconds; finalize pauses
+  on it (rollout's health checks roll back on it), rather than hold for ever;
+- ``stop``: a rollback turns the target's strategy to ``OnDelete``. Its moves back are not
+  held (a roll that never becomes Ready, a bad image, would hold the very rollback that
+  mends it), and each node walked back leaves the target's set and frees the controller's
+  budget: it would put the template it rolls on the next node, beside the walk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from proxymode.engine import moves
+from proxymode.engine.actions import PatchObject
+from proxymode.engine.look import Look
+from proxymode.engine.observed import SWITCHING, ProxyKind, ProxyPod
+from proxymode.engine.restore import generation_observed, template_hash
+
+
+def apply_held(look: Look) -> str | None:
+    """Why a changed target template must wait before it is applied; None: apply it."""
+    if look.status.moves:
+        return "the target DaemonSet follows it once the moves in flight end"
+    planned = look.planned()
+    switching = [n for n in planned if (v := look.obs.node(n)) and v.mode_label == SWITCHING]
+    if switching:
+        return f"the target DaemonSet follows it once {_names(switching)} ends switching"
+    down = [n for n in planned if not moves.healthy_proxy(look.obs, n, look.target_mode)]
+    if len(down) >= moves.budget(look):
+        return (
+            "the target DaemonSet follows it once maxUnavailable has room for the node its"
+            f" rolling update takes down (held by {_names(down)}, without a Ready kube-proxy)"
+        )
+    return None
+
+
+def rolling(look: Look, *, until_ready: bool = False) -> str | None:
+    """Why no move may start while the target DaemonSet rolls a changed template out;
+    None when no roll is under way."""
+    ds = look.obs.target_daemon_set
+    if ds is None:
+        return None
+    if not generation_observed(ds):
+        return "the target DaemonSet's changed template is not yet taken up by its controller"
+    older = sorted({p.node for p in _target_pods(look) if _older(p, template_hash(ds))})
+    if older:
+        return (
+            "the target DaemonSet is rolling a changed template out, one node at a time"
+            f" (still to replace: {_names(older)})"
+        )
+    if until_ready:
+        waiting = _not_ready_at_target(look)
+        if waiting:
+            return f"the target DaemonSet's rolling update waits for {_names(waiting)} to be Ready"
+    return None
+
+
+def stalled(look: Look) -> str | None:
+    """A node at the target whose pod of the current template has not been Ready for
+    readyTimeoutSeconds: what finalize pauses on, named (a roll's stalled node, or any
+    other: a hand-back restarts every node's kube-proxy, never beside a broken one)."""
+    ds = look.obs.target_daemon_set
+    if ds is None:
+        return None
+    limit = look.spec.ready_timeout_seconds
+    for pod in _target_pods(look):
+        if pod.terminating or pod.ready or _older(pod, template_hash(ds)):
+            continue
+        since = pod.ready_changed or pod.created
+        if since is not None and (look.now - since).total_seconds() > limit:
+            return (
+                f"the target kube-proxy pod {pod.name} on node {pod.node} has not been Ready"
+                f" for {(look.now - since).total_seconds():.0f}s (readyTimeoutSeconds {limit});"
+                " handing nodes back restarts every kube-proxy, so none starts until it is"
+                " (after a changed source template: a bad image? fix it, then resume)"
+            )
+    return None
+
+
+def stop(look: Look) -> None:
+    """Turn the target DaemonSet's update strategy to ``OnDelete`` (see the module)."""
+    ds = look.obs.target_daemon_set
+    if ds is None or (ds["spec"].get("updateStrategy") or {}).get("type") == "OnDelete":
+        return
+    meta = ds["metadata"]
+    replace = {"op": "replace", "path": "/spec/updateStrategy", "value": {"type": "OnDelete"}}
+    version = meta.get("resourceVersion")
+    guard = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
+    look.actions.append(
+        PatchObject(
+            "apps/v1",
+            "DaemonSet",
+            meta["namespace"],
+            meta["name"],
+            [*guard, replace] if version else [replace],
+            why="stop the target DaemonSet's own rolling update: the rollback walks nodes back",
+        )
+    )
+
+
+def _target_pods(look: Look) -> list[ProxyPod]:
+    return [p for p in look.obs.pods if p.kind == ProxyKind.TARGET]
+
+
+def _older(pod: ProxyPod, want: str | None) -> bool:
+    return pod.config_hash is not None and pod.config_hash != want
+
+
+def _not_ready_at_target(look: Look) -> list[str]:
+    moving = {m.node for m in look.status.moves}
+    return [
+        n
+        for n in look.planned()
+        if n not in moving
+        and (v := look.obs.node(n)) is not None
+        and v.mode_label == look.target_mode
+        and not moves.healthy_proxy(look.obs, n, look.target_mode)
+    ]
+
+
+def _names(nodes: Sequence[str], shown: int = 5) -> str:
+    more = f" and {len(nodes) - shown} more" if len(nodes) > shown else ""
+    return f"{'node' if len(nodes) == 1 else 'nodes'} {', '.join(nodes[:shown])}{more}"
