@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # The suite mostly waits on real clusters: workers side by side, each with its own sandbox,
 # longest tests first (tests/schedule.py, docs/decisions/0040-parallel-suite.md).
 # TEST_WORKERS=0 runs it in this one process.
-TEST_WORKERS ?= 6
+TEST_WORKERS ?= 5
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=15
 SCENARIO ?= migrate
 

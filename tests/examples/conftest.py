@@ -136,6 +136,9 @@ def operator(cluster: Sandbox) -> Iterator[Sandbox]:
         cluster.stop_operator()
         # Shown by pytest only when something failed: what the operator said last.
         print(f"--- last lines of {record.log} ---\n{log_tail(record.log, 40)}")
+        kubelet = cluster.dir / "logs" / "kubelet.log"
+        if kubelet.is_file():  # a real kube-proxy's exit, with what it said
+            print([line for line in kubelet.read_text().splitlines() if " exited with " in line])
 
 
 def install_kube_proxy_on(api: client.ApiClient, namespace: str, nodes: Sequence[str]) -> KubeProxy:

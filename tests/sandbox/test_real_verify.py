@@ -47,6 +47,9 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         yield sandbox
     finally:
         print(process.log_tail(sandbox.dir / "logs" / "operator.log", 20))
+        kubelet = sandbox.dir / "logs" / "kubelet.log"
+        if kubelet.is_file():  # a kube-proxy's exit, with what it said (shown on failure)
+            print([line for line in kubelet.read_text().splitlines() if " exited with " in line])
         sandbox.down()
         assert netns.namespaces(netns.sandbox_id(sandbox.dir)) == [], "down left namespaces"
 

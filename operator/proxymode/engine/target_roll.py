@@ -98,16 +98,16 @@ def stop(look: Look) -> None:
     if ds is None or (ds["spec"].get("updateStrategy") or {}).get("type") == "OnDelete":
         return
     meta = ds["metadata"]
-    replace = {"op": "replace", "path": "/spec/updateStrategy", "value": {"type": "OnDelete"}}
-    version = meta.get("resourceVersion")
-    guard = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
+    # Unguarded: the operator owns the target DaemonSet, and its status churns while pods
+    # crash-loop, so a patch guarded by a resourceVersion kept failing and held the
+    # rollback's moves behind it (the real-node crash-loop test).
     look.actions.append(
         PatchObject(
             "apps/v1",
             "DaemonSet",
             meta["namespace"],
             meta["name"],
-            [*guard, replace] if version else [replace],
+            [{"op": "add", "path": "/spec/updateStrategy", "value": {"type": "OnDelete"}}],
             why="stop the target DaemonSet's own rolling update: the rollback walks nodes back",
         )
     )
