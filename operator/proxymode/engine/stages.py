@@ -204,3 +204,9 @@ def covers_every_node(look: Look) -> bool:
 
 def nodes(count: int) -> str:
     return f"{count} node" if count == 1 else f"{count} nodes"
+
+
+def named(names: Sequence[str], shown: int = 5) -> str:
+    """``node a`` / ``nodes a, b, c and 4 more``: nodes named in a message."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{'node' if len(names) == 1 else 'nodes'} {', '.join(names[:shown])}{more}"

@@ -23,13 +23,12 @@ case, docs/reliability.md finding 12). So the roll is treated like one more move
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from proxymode.engine import moves
 from proxymode.engine.actions import PatchObject
 from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, ProxyKind, ProxyPod
 from proxymode.engine.restore import generation_observed, template_hash
+from proxymode.engine.stages import named
 
 
 def apply_held(look: Look) -> str | None:
@@ -39,12 +38,12 @@ def apply_held(look: Look) -> str | None:
     planned = look.planned()
     switching = [n for n in planned if (v := look.obs.node(n)) and v.mode_label == SWITCHING]
     if switching:
-        return f"the target DaemonSet follows it once {_names(switching)} ends switching"
+        return f"the target DaemonSet follows it once {named(switching)} ends switching"
     down = [n for n in planned if not moves.healthy_proxy(look.obs, n, look.target_mode)]
     if len(down) >= moves.budget(look):
         return (
             "the target DaemonSet follows it once maxUnavailable has room for the node its"
-            f" rolling update takes down (held by {_names(down)}, without a Ready kube-proxy)"
+            f" rolling update takes down (held by {named(down)}, without a Ready kube-proxy)"
         )
     return None
 
@@ -61,12 +60,12 @@ def rolling(look: Look, *, until_ready: bool = False) -> str | None:
     if older:
         return (
             "the target DaemonSet is rolling a changed template out, one node at a time"
-            f" (still to replace: {_names(older)})"
+            f" (still to replace: {named(older)})"
         )
     if until_ready:
         waiting = _not_ready_at_target(look)
         if waiting:
-            return f"the target DaemonSet's rolling update waits for {_names(waiting)} to be Ready"
+            return f"the target DaemonSet's rolling update waits for {named(waiting)} to be Ready"
     return None
 
 
@@ -98,9 +97,9 @@ def stop(look: Look) -> None:
     if ds is None or (ds["spec"].get("updateStrategy") or {}).get("type") == "OnDelete":
         return
     meta = ds["metadata"]
-    # Unguarded: the operator owns the target DaemonSet, and its status churns while pods
-    # crash-loop, so a patch guarded by a resourceVersion kept failing and held the
-    # rollback's moves behind it (the real-node crash-loop test).
+    # Unguarded (no resourceVersion test): the operator owns the target DaemonSet and
+    # writes this one field, and a failed action stops the look's batch, so a guard that
+    # lost a race with the controller's status writes would hold the walk back behind it.
     look.actions.append(
         PatchObject(
             "apps/v1",
@@ -131,8 +130,3 @@ def _not_ready_at_target(look: Look) -> list[str]:
         and v.mode_label == look.target_mode
         and not moves.healthy_proxy(look.obs, n, look.target_mode)
     ]
-
-
-def _names(nodes: Sequence[str], shown: int = 5) -> str:
-    more = f" and {len(nodes) - shown} more" if len(nodes) > shown else ""
-    return f"{'node' if len(nodes) == 1 else 'nodes'} {', '.join(nodes[:shown])}{more}"

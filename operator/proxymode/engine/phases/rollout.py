@@ -24,7 +24,7 @@ from proxymode.engine.gate import GateVerdict
 from proxymode.engine.look import Look
 from proxymode.engine.observed import MODE_LABEL, CheckOutcome, ProxyKind
 from proxymode.engine.setup import ensure_setup
-from proxymode.engine.stages import covers_every_node, nodes, refresh_plan, start_stage
+from proxymode.engine.stages import covers_every_node, named, nodes, refresh_plan, start_stage
 
 
 def look(lk: Look) -> Phase | None:
@@ -60,7 +60,7 @@ def look(lk: Look) -> Phase | None:
             )
         elif held:
             lk.status.message = f"{lk.status.message or ''}" + (
-                f"; maxUnavailable is held by {_names(held)}, without a Ready kube-proxy:"
+                f"; maxUnavailable is held by {named(held)}, without a Ready kube-proxy:"
                 " no further node moves until that changes"
             )
         lk.soon(2)
@@ -88,16 +88,11 @@ def _walk_back_hand_labels(lk: Look) -> None:
     if started:
         lk.event(
             EventReason.HAND_SET_LABEL,
-            f"{_names(started)}: {MODE_LABEL}={lk.target_mode} was set outside this policy,"
+            f"{named(started)}: {MODE_LABEL}={lk.target_mode} was set outside this policy,"
             f" not by a move of its own; moving back to {lk.status.source_mode or 'the source'}"
             " (through switching, with the cleanup), to move again with the stage",
             warning=True,
         )
-
-
-def _names(nodes: Sequence[str], shown: int = 5) -> str:
-    more = f" and {len(nodes) - shown} more" if len(nodes) > shown else ""
-    return f"{'node' if len(nodes) == 1 else 'nodes'} {', '.join(nodes[:shown])}{more}"
 
 
 def _bake(lk: Look, index: int) -> Phase | None:
