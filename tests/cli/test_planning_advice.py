@@ -138,6 +138,27 @@ def test_advice_moves_to_nftables_and_keeps_the_old_kernel_pool_on_iptables() ->
     assert "leaving legacy on iptables" in a.summary
 
 
+@pytest.mark.parametrize(
+    ("read", "named"),
+    [
+        (None, advice.IN_CLUSTER_PROMETHEUS),
+        ("http://127.0.0.1:9090", advice.IN_CLUSTER_PROMETHEUS),
+        ("http://localhost:9090/prom", advice.IN_CLUSTER_PROMETHEUS),
+        ("http://[::1]:9090", advice.IN_CLUSTER_PROMETHEUS),
+        ("http://thanos-query.obs.svc:9090", "http://thanos-query.obs.svc:9090"),
+        ("https://prom.example.com", "https://prom.example.com"),
+    ],
+)
+def test_the_starter_policy_names_prometheus_as_the_operator_s_pod_reaches_it(
+    read: str | None, named: str
+) -> None:
+    """advise may read Prometheus through a port-forward or ``$PROMETHEUS_URL`` on loopback:
+    in the policy that address would be the operator pod's own loopback."""
+    a = advice.advise(inventory(prometheus_url=read))
+    assert a.policy is not None
+    assert a.policy["spec"]["analysis"]["prometheus"]["url"] == named
+
+
 def test_advice_names_a_migration_in_flight_and_offers_no_second_policy() -> None:
     """With a policy migrating the cluster now, the inventory still reads the source mode:
     the advice says so, and offers no starter policy (preflight would refuse a second)."""

@@ -24,6 +24,8 @@ from tests.sandbox.test_gates import analysis
 
 pytestmark = pytest.mark.sandbox
 IN_CLUSTER_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+IN_CLUSTER_SHORT = "http://prometheus-operated.monitoring:9090"
+"""The same as a pod's search path completes it (Flagger's docs name Prometheus so)."""
 """The sandbox publishes its Prometheus under the name every example uses (decision 0032)."""
 PLUGIN_DIR = Path(sys.executable).parent  # the venv's bin, where kubectl-proxymode is
 
@@ -207,9 +209,10 @@ def test_status_watches_a_gated_migration_to_completed_and_reports_it(
     text = html.read_text()
     assert EXTERNAL.search(text) is None
     assert 'id="chart-nodes"' in text and 'id="chart-checks"' in text
-    # The Markdown one with the policy's Prometheus named as the cluster knows it (every
-    # example does): from outside the cluster the report reaches it as the operator does,
-    # through the API server's service proxy, and draws the same charts.
+    # The Markdown one with the policy's Prometheus named as a pod knows it (the short
+    # NAME.NAMESPACE, which does not resolve here): from outside the cluster the report
+    # reaches it as the operator does, through the API server's service proxy, and draws
+    # the same charts.
     md = tmp_path / "report.md"
     kubectl_proxymode(
         sandbox,
@@ -220,7 +223,7 @@ def test_status_watches_a_gated_migration_to_completed_and_reports_it(
         "--format",
         "markdown",
         "--prometheus",
-        IN_CLUSTER_PROMETHEUS,
+        IN_CLUSTER_SHORT,
         check=True,
     )
     assert "through the API server's service proxy" in md.read_text()
@@ -318,6 +321,10 @@ def test_advise_keeps_the_legacy_pool_on_iptables_and_never_says_ipvs(
     ).stdout
     assert text.startswith("Recommendation: move to nftables")
     assert "pool legacy" in text and "kind: ProxyModePolicy" in text
+    # Read on this machine's loopback, the starter policy names Prometheus as the
+    # operator's pod reaches it, and says so.
+    assert f"Prometheus was read at {sandbox.prometheus_url}" in text
+    assert f"url: {IN_CLUSTER_PROMETHEUS}" in text
     # The same Prometheus as a policy names it: reached through the API server's service proxy
     # from here, as the operator reaches it (decision 0032), so the sync figure is measured.
     inside = kubectl_proxymode(

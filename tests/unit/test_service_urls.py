@@ -4,6 +4,7 @@ service proxy, and where to (operator/proxymode/kube/reach.py, decision 0032).""
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -36,17 +37,56 @@ def test_a_service_url_goes_through_the_service_proxy(url: str, proxied: str) ->
 
 
 @pytest.mark.parametrize(
+    ("url", "proxied"),
+    [
+        (
+            "http://prometheus-operated.monitoring:9090",
+            f"{API}/api/v1/namespaces/monitoring/services/http:prometheus-operated:9090/proxy",
+        ),
+        (
+            "https://vm.metrics./select",
+            f"{API}/api/v1/namespaces/metrics/services/https:vm:443/proxy/select",
+        ),
+    ],
+)
+def test_a_short_service_name_that_does_not_resolve_here_goes_through_the_proxy(
+    url: str, proxied: str
+) -> None:
+    """``NAME.NAMESPACE`` is what a pod's search path completes (Flagger's default URL is
+    ``http://prometheus.istio-system:9090``): from outside, unresolved, it is that Service;
+    resolved (a VPN's search domain, a public name of that shape) it is used as it is."""
+    asked: list[str] = []
+
+    def unknown(host: str) -> bool:
+        asked.append(host)
+        return False
+
+    service = reach.service_url(url, known=unknown)
+    assert service is not None
+    assert service.through(API) == proxied
+    assert asked == [(urlsplit(url).hostname or "").rstrip(".")]
+    assert reach.service_url(url, known=lambda _host: True) is None
+
+
+def test_the_resolver_is_asked_for_real() -> None:
+    """``resolves`` is the machine's resolver: loopback's name resolves, a name under the
+    reserved ``.invalid`` top-level domain never does (RFC 2606)."""
+    assert reach.resolves("localhost")
+    assert not reach.resolves("prometheus.invalid")
+
+
+@pytest.mark.parametrize(
     "url",
     [
         "http://127.0.0.1:9090",
-        "http://prometheus.example:9090",
-        "http://prometheus-operated.monitoring:9090",  # no .svc: not a Service name for sure
+        "http://9prometheus.monitoring:9090",  # a Service name starts with a letter
+        "http://prometheus.monitoring.example:9090",  # three labels, no .svc
         "http://a.b.c.svc:9090",  # a Service name has exactly two labels before .svc
         "ftp://prometheus-operated.monitoring.svc",
     ],
 )
 def test_other_urls_are_used_as_they_are(url: str) -> None:
-    assert reach.service_url(url) is None
+    assert reach.service_url(url, known=lambda _host: False) is None
 
 
 def test_in_a_pod_or_switched_off_the_url_is_used_as_it_is(

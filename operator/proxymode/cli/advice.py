@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from proxymode.api import models
 
@@ -323,6 +324,24 @@ def _summary(target: str, current: str, old: Sequence[Pool], correctness: Dimens
     return text + "."
 
 
+IN_CLUSTER_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+"""prometheus-operator's Service for a Prometheus named ``prometheus`` in ``monitoring`` (the
+examples' and the sandbox's): the starter policy's URL when advise read Prometheus at an
+address only this machine has."""
+
+
+def starter_prometheus(url: str | None) -> str:
+    """The Prometheus URL for the starter policy: the one advise read, unless it is this
+    machine's own (a port-forward, ``$PROMETHEUS_URL`` on loopback), which the operator in
+    its pod would take for its own loopback and never reach."""
+    if url is None:
+        return IN_CLUSTER_PROMETHEUS
+    host = (urlsplit(url).hostname or "").lower()
+    if host in ("localhost", "0.0.0.0", "::", "::1") or host.startswith("127."):  # noqa: S104
+        return IN_CLUSTER_PROMETHEUS
+    return url
+
+
 def starter_policy(target: str, inv: Inventory, old: Sequence[Pool]) -> dict[str, Any]:
     """A ProxyModePolicy to start from: a canary pool, then a tenth, half, all; gated."""
     label = inv.pools[0].label if inv.pools else None
@@ -348,7 +367,7 @@ def starter_policy(target: str, inv: Inventory, old: Sequence[Pool]) -> dict[str
     ]
     spec["maxUnavailable"] = 1
     spec["analysis"] = {
-        "prometheus": {"url": inv.prometheus_url or "http://prometheus.monitoring:9090"},
+        "prometheus": {"url": starter_prometheus(inv.prometheus_url)},
         "intervalSeconds": 60,
         "warmupSeconds": 120,
         "failureLimit": 2,

@@ -139,7 +139,8 @@ def inventory(cluster: Cluster, args: argparse.Namespace) -> advice.Inventory:
 
 def cmd_advise(args: argparse.Namespace) -> int:
     cluster = Cluster(connection(args))
-    a = advice.advise(inventory(cluster, args))
+    inv = inventory(cluster, args)
+    a = advice.advise(inv)
     with contextlib.suppress(ClientError):  # no CRD: no policy can be in flight
         a = advice.with_policies(a, cluster.policies())
     if args.output != "text":
@@ -147,6 +148,14 @@ def cmd_advise(args: argparse.Namespace) -> int:
         return 0
     print(advice.render(a), end="")
     if a.policy is not None:
-        print("\nA starter policy (check it with `kubectl proxymode plan -f FILE`):\n---")
+        print("\nA starter policy (check it with `kubectl proxymode plan -f FILE`):")
+        read = inv.prometheus_url
+        named = a.policy["spec"]["analysis"]["prometheus"]["url"]
+        if read and read != named:
+            print(
+                f"# Prometheus was read at {read}, this machine's own address for it; the"
+                f" policy names {named}, as the operator's pod would reach it: set yours."
+            )
+        print("---")
         print(yaml.safe_dump(a.policy, sort_keys=False), end="")
     return 0

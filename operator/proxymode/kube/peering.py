@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,9 @@ RETRY_SECONDS = 2.0
 WAIT_SECONDS = 120.0
 """How long a start waits for the peering object to be readable or creatable: the chart's
 peering CRD and RBAC are applied beside the Deployment, so the first start may come before
-the CRD is served or the binding is in effect."""
+the CRD is served or the binding is in effect; and the pod may start on a node whose
+kube-proxy has not yet written the rules for ``10.96.0.1`` (a node just booted, or one this
+operator is moving between proxies), so the API server is out of reach for a while."""
 
 
 class PeeringUnavailableError(RuntimeError):
@@ -44,43 +47,57 @@ def ensure_peering(
 
     Read first (an object an administrator made is used as it is, even without the right to
     create one), then created when missing (409: another replica made it first). While the
-    CRD is not served or RBAC refuses (404, 403), it tries again for ``wait_seconds``; then
-    it raises: kopf would keep a replica without the object paused for good, with a healthy
-    liveness probe and no word why, so the operator stops and says so instead.
+    CRD is not served or RBAC refuses (404, 403), or the API server does not answer at all
+    (no route to its Service yet), it tries again for ``wait_seconds``; then it raises: kopf
+    would keep a replica without the object paused for good, with a healthy liveness probe
+    and no word why, so the operator stops and says so instead.
     """
     custom = client.CustomObjectsApi(api)
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": {"name": name}}
     deadline = time.monotonic() + wait_seconds
     while True:
         try:
-            custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
-            return False
+            created = _read_or_create(custom, name)
         except ApiException as e:
             if e.status not in (403, 404):
                 raise
-            refused = e
-        try:
-            custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            if e.status not in (403, 404):
-                raise
-            refused = e
+            why = f"HTTP {e.status}: {e.reason}"
+            hint = (
+                ": install kopf's peering CRD (crds/kopf.dev_clusterkopfpeerings.yaml) and"
+                " grant get and create on clusterkopfpeerings, or create the object yourself"
+            )
+        except HTTPError as e:  # no answer at all: no route, refused, reset, timed out
+            why = f"the API server did not answer: {_reason(e)}"
+            hint = ": check that this pod reaches the API server's Service"
         else:
-            log.info("created the %s %r", KIND, name)
-            return True
+            return created
         if time.monotonic() >= deadline:
             raise PeeringUnavailableError(
-                f"the {KIND} {name!r} does not exist and could not be created (HTTP"
-                f" {refused.status}: {refused.reason}): install kopf's peering CRD"
-                " (crds/kopf.dev_clusterkopfpeerings.yaml) and grant get and create on"
-                " clusterkopfpeerings, or create the object yourself"
+                f"the {KIND} {name!r} does not exist and could not be created ({why}){hint}"
             )
-        log.warning(
-            "the %s %r cannot be read or created yet (HTTP %s); trying again",
-            KIND,
-            name,
-            refused.status,
-        )
+        log.warning("the %s %r cannot be read or created yet (%s); trying again", KIND, name, why)
         sleep(RETRY_SECONDS)
+
+
+def _read_or_create(custom: client.CustomObjectsApi, name: str) -> bool:
+    """True if this call created the object; an ApiException 403/404 if it can do neither."""
+    try:
+        custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+        return False
+    except ApiException as e:
+        if e.status not in (403, 404):
+            raise
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": {"name": name}}
+    try:
+        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+    except ApiException as e:
+        if e.status == 409:  # another replica made it first
+            return False
+        raise
+    log.info("created the %s %r", KIND, name)
+    return True
+
+
+def _reason(error: HTTPError) -> str:
+    """The innermost cause urllib3 gives (``MaxRetryError`` wraps the connection's own)."""
+    reason = getattr(error, "reason", None)
+    return str(reason if reason is not None else error)

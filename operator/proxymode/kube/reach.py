@@ -19,15 +19,19 @@ What it cannot do: carry Prometheus's own credentials. The API server takes the
 from the API server to Prometheus is not verified against the policy's ``ca``.
 
 When: a URL whose host is ``NAME.NAMESPACE.svc`` (optionally followed by the cluster
-domain, ``.cluster.local``), while the operator is not in a pod (no
-``KUBERNETES_SERVICE_HOST``). ``PROXYMODE_SERVICE_PROXY=off`` turns it off (the name
-resolves here, e.g. through a VPN into the cluster network).
+domain, ``.cluster.local``), or the short ``NAME.NAMESPACE`` that a pod's DNS search path
+completes (``http://prometheus.monitoring:9090``, Flagger's own default) when this machine
+cannot resolve it, while the operator is not in a pod (no ``KUBERNETES_SERVICE_HOST``).
+``PROXYMODE_SERVICE_PROXY=off`` turns it off (the name resolves here, e.g. through a VPN
+into the cluster network).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,6 +44,20 @@ _SERVICE_HOST = re.compile(
     r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.(?P<namespace>[a-z0-9]([-a-z0-9]*[a-z0-9])?)"
     r"\.svc(\.[a-z0-9.-]+)?\.?$"
 )
+_SHORT_SERVICE_HOST = re.compile(
+    r"^(?P<name>[a-z]([-a-z0-9]*[a-z0-9])?)\.(?P<namespace>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.?$"
+)
+"""``NAME.NAMESPACE``: a Service only if it does not resolve here (``prometheus.io`` is a
+public name of the same shape); a Service name starts with a letter (DNS-1035)."""
+
+
+def resolves(host: str) -> bool:
+    """Whether this machine's resolver knows ``host``."""
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -60,12 +78,21 @@ class ServiceURL:
         )
 
 
-def service_url(url: str) -> ServiceURL | None:
-    """The in-cluster Service ``url`` names, or None for any other URL."""
+def service_url(url: str, *, known: Callable[[str], bool] = resolves) -> ServiceURL | None:
+    """The in-cluster Service ``url`` names, or None for any other URL.
+
+    ``known`` says whether a short ``NAME.NAMESPACE`` host resolves here: one that does is
+    used as it is (a VPN's search domain, a public name), one that does not is taken for
+    the Service a pod's search path would make of it."""
     parts = urlsplit(url)
-    match = _SERVICE_HOST.match((parts.hostname or "").lower())
-    if parts.scheme not in ("http", "https") or match is None:
+    host = (parts.hostname or "").lower()
+    if parts.scheme not in ("http", "https"):
         return None
+    match = _SERVICE_HOST.match(host)
+    if match is None:
+        match = _SHORT_SERVICE_HOST.match(host)
+        if match is None or known(host.rstrip(".")):
+            return None
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return ServiceURL(parts.scheme, match["namespace"], match["name"], port, parts.path.rstrip("/"))
 

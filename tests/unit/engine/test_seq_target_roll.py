@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxymode.api.models import Phase
+from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.engine.machine import advance
 from proxymode.engine.observed import MODE_LABEL
 from tests.unit.engine.seq import Run, make_policy, terminal
@@ -147,3 +147,59 @@ def test_a_bumped_image_that_crash_loops_rolls_back_without_spreading(step: int)
     run.until(terminal, hook=bad_image, limit=1000)
     assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
     assert "restarted" in (run.policy.status.rollback_message or "")
+
+
+# -- a rollback beside the roll (docs/reliability.md finding 12, the open residue) -----------
+
+
+def _replacing(sim: Sim) -> bool:
+    """A node at the target whose pod the DaemonSet controller is replacing right now."""
+    return any(
+        view.labels.get(MODE_LABEL) == "nftables"
+        and not all(p.ready for p in sim.proxies_on(name) or [None])  # type: ignore[union-attr]
+        for name, view in sim.nodes.items()
+    )
+
+
+@pytest.mark.parametrize("how", ["abort", "delete"])
+@pytest.mark.parametrize("step", [26, 41, 53])
+def test_a_rollback_while_the_controller_replaces_a_pod_walks_that_node_first(
+    how: str, step: int
+) -> None:
+    """Aborted (or deleted) while the target DaemonSet replaces one pod for a healthy bump:
+    that node is already down, so it is the first walked back; a healthy node walked back
+    beside it put two down (16 of 36 such sequences before the fix)."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.steps(step)
+    _bump(sim)
+    run.until(lambda _p: _replacing(sim), limit=30)
+    if how == "abort":
+        sim.action = "abort"
+    else:
+        run.deleting = True
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+
+
+@pytest.mark.parametrize("step", [10, 30, 46, 54])
+def test_a_bumped_image_never_ready_rolls_back_within_the_budget(step: int) -> None:
+    """The bumped image's target pods run but never get Ready (not a crash loop): the run
+    rolls back on the ready timeout (or is aborted from a FinalizeStuck pause), and the
+    node already down goes back first (10 of 16 such sequences broke the budget before)."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.steps(step)
+    old = sim.get("DaemonSet", "kube-proxy-nftables")
+    before = _hash(old["spec"]["template"]) if old else None
+    _bump(sim)
+
+    def never_ready(_i: int, s: Sim, p: ProxyModePolicy) -> None:
+        for pod in s.pods:
+            if pod.owner == "kube-proxy-nftables" and pod.template != before and not pod.unready:
+                pod.unready = 10**6
+        if p.status.phase == Phase.PAUSED:
+            s.action = "abort"
+
+    run.until(terminal, hook=never_ready, limit=1500)
+    assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message

@@ -4,11 +4,13 @@ not there yet, and a clear stop instead of a replica paused for good."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import MaxRetryError
 
 from proxymode.kube import peering
 
@@ -23,6 +25,8 @@ class _Api:
 
     def get_cluster_custom_object(self, *_: Any) -> dict[str, Any]:
         status = self.gets.pop(0) if len(self.gets) > 1 else self.gets[0]
+        if status == 0:  # no answer: what urllib3 raises when the connection fails
+            raise MaxRetryError(None, "/apis", reason=OSError(113, "No route to host"))  # type: ignore[arg-type]
         if status is not None:
             raise ApiException(status=status, reason="no")
         return {}
@@ -62,3 +66,24 @@ def test_another_replica_creating_it_first_is_fine(monkeypatch: pytest.MonkeyPat
 def test_never_creatable_stops_with_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(peering.PeeringUnavailableError, match="grant get and create"):
         _ensure(monkeypatch, _Api(gets=[403], creates=[403]), wait=0.0)
+
+
+def test_an_api_server_out_of_reach_at_start_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CI: the operator's pod started on a node whose kube-proxy had not yet written the
+    rules for 10.96.0.1 ("No route to host"), exited, and was restarted three times."""
+    api = _Api(gets=[0, 0, 0, 404], creates=[None])
+    assert _ensure(monkeypatch, api) == (True, 3)
+
+
+def test_an_api_server_that_never_answers_stops_with_why() -> None:
+    """A real connection to a loopback port nobody listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = client.Configuration()
+    cfg.host = f"https://127.0.0.1:{port}"
+    cfg.retries = 0
+    with pytest.raises(peering.PeeringUnavailableError, match="the API server did not answer"):
+        peering.ensure_peering(client.ApiClient(cfg), "proxymode", wait_seconds=0.0)

@@ -38,6 +38,7 @@ def look(lk: Look) -> Phase | None:
         moves.start_moves(lk, strays, MoveDirection.BACK)
         lk.soon(2)
         return None
+    _down_first(lk)
     for stage in reversed(lk.status.stages):
         pending = moves.labelled(lk, stage.nodes)
         if pending:
@@ -55,6 +56,27 @@ def look(lk: Look) -> Phase | None:
     if not lk.status.moves and not _restart_what_read_the_target_mode(lk) and restore(lk):
         _finish(lk)
     return None
+
+
+def _down_first(lk: Look) -> None:
+    """Nodes at the target whose kube-proxy is not Ready go back before any healthy node.
+
+    The rollback's budget counts only the nodes it moves, so that a broken node never
+    blocks its own rescue; but then a healthy node walked back beside a node already down
+    (the target DaemonSet replacing its pod for a person's edit, a bumped image that never
+    gets Ready) makes two down. Moving a node that is already down costs the budget
+    nothing, so it goes first. A node whose kubelet is not Ready keeps its stage's turn:
+    no pod comes or goes there, and its move would hold the others until it failed."""
+    down = [
+        n
+        for n in moves.labelled(lk, lk.planned())
+        if (view := lk.obs.node(n)) is not None
+        and view.ready
+        and view.mode_label == lk.target_mode
+        and not moves.healthy_proxy(lk.obs, n, lk.target_mode)
+    ]
+    if down:
+        moves.start_moves(lk, down, MoveDirection.BACK)
 
 
 def _read_the_target_mode(lk: Look) -> list[str]:
