@@ -26,6 +26,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -106,6 +107,10 @@ class Kubelet:
         self.pods: dict[str, PodRun] = {}
         self.faults: dict[str, str] = {}
         self.last_lease = self.last_status = 0.0
+        self.gone: set[str] = set()
+        """Nodes whose Node object was deleted: no longer posted. A kubelet registers its
+        node once, at start, and does not make it again; the node lifecycle controller's
+        pod GC deletes the pods still bound to it, and this kubelet stops them then."""
         self.podman = podman
         """Set: pods whose image is in the local store run under podman (decision 0066)."""
         # Its nodes and the pods bound to them, from watches (``informer``): the loop reads
@@ -133,13 +138,41 @@ class Kubelet:
     def heartbeat(self) -> None:
         now = time.monotonic()
         if now - self.last_status >= STATUS_EVERY or not self.last_status:
-            for name in self.nodes:
-                self._node_status(name)
+            for name in self._posted():
+                self._for_node(name, self._node_status)
             self.last_status = now
         if now - self.last_lease >= LEASE_RENEW or not self.last_lease:
-            for name in self.nodes:
-                self._renew_lease(name)
+            for name in self._posted():
+                self._for_node(name, self._renew_lease)
             self.last_lease = now
+
+    def _posted(self) -> list[str]:
+        return [name for name in self.nodes if name not in self.gone]
+
+    def _for_node(self, name: str, post: Callable[[str], None]) -> None:
+        """``post`` for one node; a 404 for the node itself means it was deleted. That node
+        stops being posted and the others go on: one deleted node used to stop this whole
+        loop (its read raised on every pass), and with it every pod of every node."""
+        try:
+            post(name)
+        except ApiException as e:
+            if e.status != 404 or self._node_exists(name):
+                raise
+            self.gone.add(name)
+            print(
+                f"sandbox kubelet: node {name} was deleted: no longer posting its status or"
+                " Lease (a kubelet registers its node only when it starts)",
+                flush=True,
+            )
+
+    def _node_exists(self, name: str) -> bool:
+        try:
+            self.core.read_node(name)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
 
     def _node_status(self, name: str) -> None:
         stamp = _now()
@@ -185,6 +218,8 @@ class Kubelet:
         except ApiException as e:
             if e.status != 404:
                 raise
+            if not self._node_exists(name):
+                raise  # the node went with its Lease (``_for_node``)
             self.leases.create_namespaced_lease("kube-node-lease", body)
 
     def _fault(self, node: str) -> str:
