@@ -10,6 +10,7 @@ import threading
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -113,6 +114,35 @@ def test_a_node_without_any_label_still_gets_its_mode(
             == 1
         )
         assert label(core, name) == "switching"
+    finally:
+        try:
+            core.delete_node(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+def test_a_bare_node_labelled_by_someone_else_meanwhile_is_not_overwritten(
+    counted: tuple[client.ApiClient, Counting], core: client.CoreV1Api
+) -> None:
+    """The bare node's patch adds the whole labels map, so it must not land on a map that
+    appeared after the read: the map's absence is tested by the API server, in the patch.
+    Someone's label lands between the read that finds no map and the patch."""
+    api, _ = counted
+    name = f"bare-{uuid.uuid4().hex[:6]}"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        executor = Executor(api, "exec-test", lambda _: None)
+        read = executor.core.read_node
+
+        def read_then_someone_labels(*args: Any, **kwargs: Any) -> SimpleNamespace:
+            answer = read(*args, **kwargs).data  # no labels map: the fallback's case
+            core.patch_node(name, {"metadata": {"labels": {"team": "net"}}})
+            return SimpleNamespace(data=answer)
+
+        executor.core.read_node = read_then_someone_labels
+        assert executor.run([SetNodeMode(name, "switching", None)]) == 0
+        assert core.read_node(name).metadata.labels == {"team": "net"}, "overwritten"
     finally:
         try:
             core.delete_node(name)

@@ -296,8 +296,11 @@ class Executor:
             ) from error
         if labels:
             raise error  # the label is as expected and the patch was still refused
+        # The map itself tested for absence (``null`` passes on a missing key, as above), not
+        # the resourceVersion: on a new node the controllers' own writes (the TTL
+        # annotation, the not-ready taint) refused that test in a CI run.
         ops: list[dict[str, Any]] = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+            {"op": "test", "path": "/metadata/labels", "value": None},
             {"op": "add", "path": "/metadata/labels", "value": {MODE_LABEL: action.value}},
         ]
         self._answered(
