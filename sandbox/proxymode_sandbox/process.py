@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,16 +23,76 @@ from typing import Any
 LOG_TAIL_LINES = 25
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now.
+PORT_HOLD_SECONDS = 120.0
+"""How long a port handed out stays reserved for the component it was meant for."""
 
-    There is a window between closing this socket and the component binding it;
-    callers that lose that race see the component exit and report it.
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now, and likely to stay free until the
+    component it is for binds it.
+
+    A port the kernel hands out for ``bind(0)`` comes from the ephemeral range, which every
+    outgoing connection draws from too: in a CI rehearsal (five sandboxes, thousands of
+    client connections) kube-controller-manager found its port taken by one ("bind: address
+    already in use") a moment after it was chosen. Ports are chosen below that range
+    instead, where no connection is given one, and reserved for ``PORT_HOLD_SECONDS`` in a
+    directory every sandbox process on the machine shares, so two sandboxes starting at
+    once do not pick the same one. ``bind(0)`` is the fallback when no such port is free.
     """
+    low, _ = _ephemeral_range()
+    start, stop = max(1024, low - 12000), low
+    holds = Path(tempfile.gettempdir()) / "proxymode-ports"
+    holds.mkdir(exist_ok=True)
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(start, stop)
+        if _reserve(holds / str(port)) and _bindable(port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        chosen: int = s.getsockname()[1]
+        return chosen
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _reserve(hold: Path) -> bool:
+    """Take ``hold`` unless another caller took it within ``PORT_HOLD_SECONDS``."""
+    try:
+        fd = os.open(hold, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        try:
+            if time.time() - hold.stat().st_mtime < PORT_HOLD_SECONDS:
+                return False
+            hold.unlink()  # an old hold: its component bound the port long ago, or died
+        except FileNotFoundError:
+            pass
+        return _reserve_once(hold)
+    os.close(fd)
+    return True
+
+
+def _reserve_once(hold: Path) -> bool:
+    try:
+        os.close(os.open(hold, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False  # another caller renewed it first
+    return True
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
