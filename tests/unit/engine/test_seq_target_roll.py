@@ -203,3 +203,34 @@ def test_a_bumped_image_never_ready_rolls_back_within_the_budget(step: int) -> N
 
     run.until(terminal, hook=never_ready, limit=1500)
     assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+
+
+@pytest.mark.parametrize("how", ["abort", "delete"])
+def test_without_a_roll_a_broken_node_keeps_its_stage_s_turn(how: str) -> None:
+    """Found by a review of the first version: a node down for a reason of its own (both
+    kube-proxies crash there) was walked back first, failed, and stopped the rollback
+    before any healthy node went back. Without a roll of the target the stages keep their
+    order: every other stage goes back, and the rollback stops at the broken node's."""
+    sim = Sim.cluster({"canary": 2, "general": 6})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.until(
+        lambda p: (
+            p.status.current_stage == 2
+            and p.status.stages[2].nodes_done >= 1
+            and not p.status.moves
+        )
+    )
+    sim.broken.add("canary-1")
+    run.step()
+    if how == "abort":
+        sim.action = "abort"
+    else:
+        run.deleting = True
+    for _ in range(800):
+        run.step()
+        if run.policy.status.phase == Phase.FAILED:
+            break
+    assert run.policy.status.phase == Phase.FAILED
+    assert "canary-1" in (run.policy.status.message or "")
+    labelled = {n for n, v in sim.nodes.items() if v.labels.get(MODE_LABEL)}
+    assert labelled <= {"canary-1", "canary-2"}, "a later stage was left on the target"

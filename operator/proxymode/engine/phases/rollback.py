@@ -59,14 +59,19 @@ def look(lk: Look) -> Phase | None:
 
 
 def _down_first(lk: Look) -> None:
-    """Nodes at the target whose kube-proxy is not Ready go back before any healthy node.
+    """While the target DaemonSet rolls a changed template (or was stopped half-way), its
+    nodes whose kube-proxy is not Ready go back before any healthy node.
 
     The rollback's budget counts only the nodes it moves, so that a broken node never
-    blocks its own rescue; but then a healthy node walked back beside a node already down
-    (the target DaemonSet replacing its pod for a person's edit, a bumped image that never
+    blocks its own rescue; but then a healthy node walked back beside a node the roll took
+    down (the controller replacing its pod for a person's edit, a bumped image that never
     gets Ready) makes two down. Moving a node that is already down costs the budget
-    nothing, so it goes first. A node whose kubelet is not Ready keeps its stage's turn:
-    no pod comes or goes there, and its move would hold the others until it failed."""
+    nothing, so it goes first. Without a roll the stages keep their order: a node down for
+    a reason of its own (both proxies crash there, a pod stuck terminating) would fail its
+    move and stop the rollback before any healthy node went back (found by a review). A
+    node whose kubelet is not Ready keeps its stage's turn too: no pod comes or goes there."""
+    if not target_roll.mixed(lk):
+        return
     down = [
         n
         for n in moves.labelled(lk, lk.planned())
