@@ -24,9 +24,9 @@ from tests.sandbox.test_gates import analysis
 
 pytestmark = pytest.mark.sandbox
 IN_CLUSTER_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+"""The sandbox publishes its Prometheus under the name every example uses (decision 0032)."""
 IN_CLUSTER_SHORT = "http://prometheus-operated.monitoring:9090"
 """The same as a pod's search path completes it (Flagger's docs name Prometheus so)."""
-"""The sandbox publishes its Prometheus under the name every example uses (decision 0032)."""
 PLUGIN_DIR = Path(sys.executable).parent  # the venv's bin, where kubectl-proxymode is
 
 
