@@ -64,25 +64,22 @@ def _ephemeral_range() -> tuple[int, int]:
 
 def _reserve(hold: Path) -> bool:
     """Take ``hold`` unless another caller took it within ``PORT_HOLD_SECONDS``."""
+    if _create(hold):
+        return True
     try:
-        fd = os.open(hold, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        try:
-            if time.time() - hold.stat().st_mtime < PORT_HOLD_SECONDS:
-                return False
-            hold.unlink()  # an old hold: its component bound the port long ago, or died
-        except FileNotFoundError:
-            pass
-        return _reserve_once(hold)
-    os.close(fd)
-    return True
+        if time.time() - hold.stat().st_mtime < PORT_HOLD_SECONDS:
+            return False
+        hold.unlink()  # an old hold: its component bound the port long ago, or died
+    except FileNotFoundError:
+        pass
+    return _create(hold)  # False: another caller took it over first
 
 
-def _reserve_once(hold: Path) -> bool:
+def _create(hold: Path) -> bool:
     try:
         os.close(os.open(hold, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
-        return False  # another caller renewed it first
+        return False
     return True
 
 

@@ -100,20 +100,13 @@ def test_a_stale_expectation_changes_nothing_and_stops_the_batch(
     assert executor.run([SetNodeMode(f"{node}-gone", "switching", None)]) == 0
 
 
-def test_a_node_without_any_label_still_gets_its_mode(
-    counted: tuple[client.ApiClient, Counting], core: client.CoreV1Api
-) -> None:
-    api, _ = counted
+@pytest.fixture
+def bare(core: client.CoreV1Api) -> Iterator[str]:
+    """A Node of this test's own with no labels map at all (deleted afterwards)."""
     name = f"bare-{uuid.uuid4().hex[:6]}"
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
     try:
-        # No labels map at all, so the single patch's test has no parent to look in.
-        assert not core.read_node(name).metadata.labels
-        assert (
-            Executor(api, "exec-test", lambda _: None).run([SetNodeMode(name, "switching", None)])
-            == 1
-        )
-        assert label(core, name) == "switching"
+        yield name
     finally:
         try:
             core.delete_node(name)
@@ -122,33 +115,36 @@ def test_a_node_without_any_label_still_gets_its_mode(
                 raise
 
 
+def test_a_node_without_any_label_still_gets_its_mode(
+    counted: tuple[client.ApiClient, Counting], core: client.CoreV1Api, bare: str
+) -> None:
+    api, _ = counted
+    # No labels map at all, so the single patch's test has no parent to look in.
+    assert not core.read_node(bare).metadata.labels
+    assert (
+        Executor(api, "exec-test", lambda _: None).run([SetNodeMode(bare, "switching", None)]) == 1
+    )
+    assert label(core, bare) == "switching"
+
+
 def test_a_bare_node_labelled_by_someone_else_meanwhile_is_not_overwritten(
-    counted: tuple[client.ApiClient, Counting], core: client.CoreV1Api
+    counted: tuple[client.ApiClient, Counting], core: client.CoreV1Api, bare: str
 ) -> None:
     """The bare node's patch adds the whole labels map, so it must not land on a map that
     appeared after the read: the map's absence is tested by the API server, in the patch.
     Someone's label lands between the read that finds no map and the patch."""
     api, _ = counted
-    name = f"bare-{uuid.uuid4().hex[:6]}"
-    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
-    try:
-        executor = Executor(api, "exec-test", lambda _: None)
-        read = executor.core.read_node
+    executor = Executor(api, "exec-test", lambda _: None)
+    read = executor.core.read_node
 
-        def read_then_someone_labels(*args: Any, **kwargs: Any) -> SimpleNamespace:
-            answer = read(*args, **kwargs).data  # no labels map: the fallback's case
-            core.patch_node(name, {"metadata": {"labels": {"team": "net"}}})
-            return SimpleNamespace(data=answer)
+    def read_then_someone_labels(*args: Any, **kwargs: Any) -> SimpleNamespace:
+        answer = read(*args, **kwargs).data  # no labels map: the fallback's case
+        core.patch_node(bare, {"metadata": {"labels": {"team": "net"}}})
+        return SimpleNamespace(data=answer)
 
-        executor.core.read_node = read_then_someone_labels
-        assert executor.run([SetNodeMode(name, "switching", None)]) == 0
-        assert core.read_node(name).metadata.labels == {"team": "net"}, "overwritten"
-    finally:
-        try:
-            core.delete_node(name)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+    executor.core.read_node = read_then_someone_labels
+    assert executor.run([SetNodeMode(bare, "switching", None)]) == 0
+    assert core.read_node(bare).metadata.labels == {"team": "net"}, "overwritten"
 
 
 def test_one_dynamic_client_per_api_client(counted: tuple[client.ApiClient, Counting]) -> None:

@@ -69,19 +69,6 @@ def rolling(look: Look, *, until_ready: bool = False) -> str | None:
     return None
 
 
-def mixed(look: Look) -> bool:
-    """Whether the target DaemonSet's pods are of more than one template: its roll of a
-    changed template is under way, about to start, or was stopped half-way by a rollback
-    (``stop``). What ``rollback`` walks back first depends on it."""
-    ds = look.obs.target_daemon_set
-    if ds is None:
-        return False
-    if not generation_observed(ds):
-        return True
-    want = template_hash(ds)
-    return any(_older(p, want) for p in _target_pods(look))
-
-
 def stalled(look: Look) -> str | None:
     """A node at the target whose pod of the current template has not been Ready for
     readyTimeoutSeconds: what finalize pauses on, named (a roll's stalled node, or any

@@ -16,7 +16,7 @@ from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.engine.machine import advance
 from proxymode.engine.observed import MODE_LABEL
 from tests.unit.engine.seq import Run, make_policy, terminal
-from tests.unit.engine.sim import Sim, _hash
+from tests.unit.engine.sim import Sim, SimPod, _hash
 
 
 def _bump(sim: Sim) -> str:
@@ -26,6 +26,22 @@ def _bump(sim: Sim) -> str:
     ds["metadata"]["generation"] = int(ds["metadata"].get("generation", 1)) + 1
     sim._store(ds)
     return str(container["image"])
+
+
+def _bumped_at(step: int) -> tuple[Run, str | None]:
+    """A run ``step`` looks in, then the source's image bumped; with the target's template
+    hash from before the bump (its pods of any other template carry the bumped image)."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.steps(step)
+    old = sim.get("DaemonSet", "kube-proxy-nftables")
+    before = _hash(old["spec"]["template"]) if old else None
+    _bump(sim)
+    return run, before
+
+
+def _bumped_pods(sim: Sim, before: str | None) -> list[SimPod]:
+    return [p for p in sim.pods if p.owner == "kube-proxy-nftables" and p.template != before]
 
 
 def _target_image(sim: Sim) -> str:
@@ -132,17 +148,11 @@ def test_a_bumped_image_that_crash_loops_rolls_back_without_spreading(step: int)
     Finalizing by way of a FinalizeStuck pause), and the rollback turns the target's
     strategy to OnDelete: each node walked back would otherwise free the controller's
     budget for the next node to get the bad image, beside the walk."""
-    sim = Sim.cluster({"canary": 2, "general": 4})
-    run = Run(sim, make_policy(maxUnavailable=1))
-    run.steps(step)
-    old = sim.get("DaemonSet", "kube-proxy-nftables")
-    before = _hash(old["spec"]["template"]) if old else None
-    _bump(sim)
+    run, before = _bumped_at(step)
 
     def bad_image(_i: int, s: Sim, _p: object) -> None:
-        for pod in s.pods:
-            if pod.owner == "kube-proxy-nftables" and pod.template != before:
-                pod.crashloop = True
+        for pod in _bumped_pods(s, before):
+            pod.crashloop = True
 
     run.until(terminal, hook=bad_image, limit=1000)
     assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
@@ -187,17 +197,11 @@ def test_a_bumped_image_never_ready_rolls_back_within_the_budget(step: int) -> N
     """The bumped image's target pods run but never get Ready (not a crash loop): the run
     rolls back on the ready timeout (or is aborted from a FinalizeStuck pause), and the
     node already down goes back first (10 of 16 such sequences broke the budget before)."""
-    sim = Sim.cluster({"canary": 2, "general": 4})
-    run = Run(sim, make_policy(maxUnavailable=1))
-    run.steps(step)
-    old = sim.get("DaemonSet", "kube-proxy-nftables")
-    before = _hash(old["spec"]["template"]) if old else None
-    _bump(sim)
+    run, before = _bumped_at(step)
 
     def never_ready(_i: int, s: Sim, p: ProxyModePolicy) -> None:
-        for pod in s.pods:
-            if pod.owner == "kube-proxy-nftables" and pod.template != before and not pod.unready:
-                pod.unready = 10**6
+        for pod in _bumped_pods(s, before):
+            pod.unready = pod.unready or 10**6
         if p.status.phase == Phase.PAUSED:
             s.action = "abort"
 

@@ -70,7 +70,7 @@ def _down_first(lk: Look) -> None:
     a reason of its own (both proxies crash there, a pod stuck terminating) would fail its
     move and stop the rollback before any healthy node went back (found by a review). A
     node whose kubelet is not Ready keeps its stage's turn too: no pod comes or goes there."""
-    if not target_roll.mixed(lk):
+    if target_roll.rolling(lk) is None:
         return
     down = [
         n
