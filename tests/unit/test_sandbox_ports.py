@@ -26,7 +26,11 @@ def test_ports_are_below_the_ephemeral_range_distinct_and_free(
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # free right now
-    assert {int(p.name) for p in (tmp_path / "proxymode-ports").iterdir()} == set(ports)
+    held = {int(p.name) for p in (tmp_path / "proxymode-ports").iterdir()}
+    # A superset: a port held here but found in use (another sandbox's component, with
+    # its hold in the real temp directory) keeps its hold and is passed over (a CI run
+    # saw one).
+    assert set(ports) <= held
 
 
 def test_a_held_port_is_skipped_until_its_hold_is_old(tmp_path: Path) -> None:
