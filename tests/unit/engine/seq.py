@@ -184,8 +184,9 @@ def check_world(
     for node in sim.nodes:
         assert len(sim.proxies_on(node)) <= 1, f"two kube-proxies on {node}"
     crashing = {p.node for p in sim.pods if p.crashloop}
-    # A node that never had a Ready kube-proxy (it just joined) lost nothing to a move.
-    down = (sim.without_ready_proxy() - crashing) & sim.served
+    # A node that never had a Ready kube-proxy (it just joined) lost nothing to a move, nor
+    # did one whose kubelet is down.
+    down = (sim.without_ready_proxy() - crashing - sim.down) & sim.served
     assert len(down) <= budget, f"{sorted(down)} without a Ready kube-proxy (budget {budget})"
     switching = [n for n, v in sim.nodes.items() if v.labels.get(MODE_LABEL) == "switching"]
     assert len(switching) <= budget, f"{switching} between proxies at once"

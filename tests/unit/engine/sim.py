@@ -136,6 +136,9 @@ class Sim:
     """Nodes whose terminating pods never go away (a kubelet that stopped answering)."""
     termination_ticks: dict[str, int] = field(default_factory=dict)
     """Per node, how many ticks a deleted pod takes to terminate (default 2)."""
+    down: set[str] = field(default_factory=set)
+    """Nodes whose kubelet is not Ready (powered off, cut off): the node reads NotReady, its
+    pods are not Ready (the node lifecycle controller marks them), none starts or goes."""
     broken: set[str] = field(default_factory=set)
     """Nodes whose kube-proxy pods, of either DaemonSet, crash-loop."""
     server_defaults: dict[str, Any] = field(default_factory=dict)
@@ -214,16 +217,19 @@ class Sim:
             pod.age += 1
             if pod.crashloop:
                 pod.restarts += 1
+        frozen = self.stuck | self.down
         self.pods = [
             p
             for p in self.pods
-            if not (p.terminating and p.terminating <= 1 and p.node not in self.stuck)
+            if not (p.terminating and p.terminating <= 1 and p.node not in frozen)
         ]
         for pod in self.pods:
-            if pod.terminating and pod.node not in self.stuck:
+            if pod.terminating and pod.node not in frozen:
                 pod.terminating -= 1
             if pod.unready:
                 pod.unready -= 1
+            if pod.node in self.down:
+                pod.unready = max(pod.unready, 1)
             if pod.node in self.broken and not pod.crashloop:
                 pod.crashloop = True
         for (kind, _), ds in list(self.objects.items()):
@@ -278,8 +284,13 @@ class Sim:
                     for p in self.pods
                     if p.owner == name and p.template != template and not p.terminating
                 ),
-                key=lambda p: p.node,
+                key=lambda p: (p.ready, p.node),  # the unavailable first, as it does
             ):
+                if not pod.ready:
+                    # As the DaemonSet controller does: an old pod that is not available
+                    # is replaced whatever the budget (deleting it takes nothing away).
+                    pod.terminating = self._grace(pod.node)
+                    continue
                 # Unavailable: a wanted node without a Ready, not terminating pod of this
                 # DaemonSet (a stale pod being replaced counts until its successor is Ready).
                 unavailable = sum(
@@ -401,7 +412,7 @@ class Sim:
                 name=p.name,
                 node=p.node,
                 kind=ProxyKind.SOURCE if p.owner == "kube-proxy" else ProxyKind.TARGET,
-                ready=p.ready,
+                ready=p.ready and p.node not in self.down,
                 restarts=p.restarts,
                 terminating=bool(p.terminating),
                 # As the API server keeps it: creationTimestamp has whole seconds.
@@ -433,7 +444,14 @@ class Sim:
         )
         nodes = tuple(
             NodeView(
-                n.name, dict(n.labels), True, n.kernel, "Debian", "containerd", "v1.37.2", n.zone
+                n.name,
+                dict(n.labels),
+                n.name not in self.down,
+                n.kernel,
+                "Debian",
+                "containerd",
+                "v1.37.2",
+                n.zone,
             )
             for n in self.nodes.values()
         )

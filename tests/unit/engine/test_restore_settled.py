@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from proxymode.engine.look import Look
 from proxymode.engine.observed import ProxyKind, ProxyPod
-from proxymode.engine.restore import _source_pods_settled
+from proxymode.engine.restore import _unserved
 from tests.unit.engine.seq import make_policy
 from tests.unit.engine.sim import Sim
 
@@ -26,10 +26,10 @@ def _look(*extra: ProxyPod, terminating: str | None = None) -> Look:
 
 
 def test_every_node_serving_is_settled() -> None:
-    assert _source_pods_settled(_look())
+    assert not _unserved(_look())
 
 
 def test_a_node_whose_old_pod_terminates_before_the_new_one_is_ready_is_not() -> None:
     new = ProxyPod("kube-proxy-new", "canary-1", ProxyKind.SOURCE, ready=False)
-    assert not _source_pods_settled(_look(new, terminating="canary-1"))
-    assert _source_pods_settled(_look(replace(new, ready=True), terminating="canary-1"))
+    assert _unserved(_look(new, terminating="canary-1")) == ["canary-1"]
+    assert not _unserved(_look(replace(new, ready=True), terminating="canary-1"))

@@ -13,9 +13,11 @@ from proxymode.engine.look import Look
 from proxymode.engine.observed import Object
 from proxymode.engine.restore import (
     delete_target_pair,
+    not_seen,
     patch_config_data,
     restore_source_spec,
-    rolled_out,
+    source_settled,
+    waiting_on,
 )
 from proxymode.engine.setup import kube_proxy_version
 from proxymode.engine.stages import nodes
@@ -60,7 +62,8 @@ def look(lk: Look) -> Phase | None:
         lk.transition(
             Phase.COMPLETED,
             EventReason.COMPLETED,
-            f"every node runs {lk.spec.target_mode} from the source DaemonSet",
+            f"every node runs {lk.spec.target_mode} from the source DaemonSet"
+            + not_seen(lk, src_ds),
         )
         lk.requeue = 1  # the next look tidies up the snapshot
     return None
@@ -98,8 +101,10 @@ def _restore_source(lk: Look, backup: Mapping[str, str], src_ds: Object) -> bool
             else "restoring the source DaemonSet's affinity: one rolling restart follows"
         )
         return False
-    if not rolled_out(src_ds):
-        lk.status.message = "waiting for the source DaemonSet's rolling restart"
+    if not source_settled(lk, src_ds):
+        lk.status.message = "waiting for the source DaemonSet's rolling restart" + waiting_on(
+            lk, src_ds
+        )
         lk.requeue = 2
         return False
     return True

@@ -16,7 +16,7 @@ from proxymode.engine.actions import PatchObject, SetNodeMode
 from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, ProxyKind
 from proxymode.engine.preflight.nodes import scheduled_by
-from proxymode.engine.restore import generation_observed, patch_config_data, restore
+from proxymode.engine.restore import generation_observed, not_seen, patch_config_data, restore
 from proxymode.engine.stages import nodes
 
 
@@ -210,7 +210,7 @@ def _finish(lk: Look) -> None:
     lk.transition(
         Phase.ROLLED_BACK,
         EventReason.ROLLED_BACK,
-        f"every node runs {source} again ({detail})",
+        f"every node runs {source} again ({detail})" + not_seen(lk, lk.obs.source_daemon_set),
     )
     if lk.obs.deleting:
         lk.release = True
