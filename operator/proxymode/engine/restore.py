@@ -17,7 +17,6 @@ from proxymode.engine import objects
 from proxymode.engine.actions import DeleteObject, PatchObject
 from proxymode.engine.look import Look
 from proxymode.engine.observed import Object, ProxyKind
-from proxymode.engine.preflight.nodes import scheduled_by
 from proxymode.engine.stages import named
 
 
@@ -39,46 +38,63 @@ def rolled_out(ds: Object, excused: int = 0) -> bool:
     With ``excused`` nodes down (``down_nodes``), up to that many may lack a Ready pod, and
     pods of the previous template may stay: a down node's pod, Terminating for as long as
     its kubelet is gone, counts against the rolling update's ``maxUnavailable``, so the
-    controller stops replacing the others until it is back (DaemonSet update, as the
-    Kubernetes controller does it). What those pods serve is checked pod by pod instead."""
+    controller stops replacing the others until it is back (``rollingUpdate`` in
+    pkg/controller/daemon/update.go). Every node that should run a pod must still have one
+    (``currentNumberScheduled`` counts a Terminating pod too), and what the pods serve is
+    checked pod by pod (``source_settled``)."""
     st = ds.get("status") or {}
     desired = st.get("desiredNumberScheduled", 0)
     return (
         generation_observed(ds)
+        and st.get("currentNumberScheduled", 0) >= desired
         and (excused > 0 or st.get("updatedNumberScheduled", 0) >= desired)
         and st.get("numberReady", 0) >= desired - excused
         and (st.get("numberUnavailable") or 0) <= excused
     )
 
 
-def down_nodes(look: Look, ds: Object) -> list[str]:
-    """Nodes ``ds`` runs on whose kubelet is not Ready (a node powered off, cut off, or
-    gone while the migration ran): no pod starts, stops or reports there until it is back.
+def down_nodes(look: Look) -> list[str]:
+    """Nodes with a source kube-proxy pod whose kubelet is not Ready (a node powered off,
+    cut off, or gone while the migration ran): no pod starts, stops or reports there until
+    it is back.
 
     Waiting for the source DaemonSet to settle on such a node would never end: the old pod
     stays Terminating and the new one never runs (a review found a rollback that never
     finished). They are left out of the wait and named when the phase ends; the DaemonSet's
-    controller starts their kube-proxy when the kubelet returns, from the template put back."""
-    return sorted(n.name for n in scheduled_by(ds, look.obs.nodes) if not n.ready)
+    controller starts their kube-proxy when the kubelet returns, from the template put back.
+    Only nodes with a pod of the source: a down node the source does not run on (another
+    migration's, excluded by its affinity) excuses nothing (found by a review)."""
+    mine = {p.node for p in look.obs.pods if p.kind == ProxyKind.SOURCE}
+    return sorted(n.name for n in look.obs.nodes if not n.ready and n.name in mine)
 
 
 def source_settled(look: Look, ds: Object) -> bool:
     """The source DaemonSet rolled out and every node it runs on served by a Ready source
     kube-proxy that is staying, but for the nodes whose kubelet is down."""
-    down = down_nodes(look, ds)
-    return rolled_out(ds, excused=len(down)) and not _unserved(look, set(down))
+    down = down_nodes(look)
+    desired = (ds.get("status") or {}).get("desiredNumberScheduled", 0)
+    # The DaemonSet's status and the pod cache come from two watches: a status one event
+    # behind can still count a pod the cache has already seen go (a review's case). The
+    # pods themselves must cover as many nodes as the DaemonSet wants (a node between its
+    # old pod and its new one has none).
+    covered = {p.node for p in look.obs.pods if p.kind == ProxyKind.SOURCE}
+    return (
+        rolled_out(ds, excused=len(down))
+        and len(covered) >= desired
+        and not _unserved(look, set(down))
+    )
 
 
-def waiting_on(look: Look, ds: Object) -> str:
-    """``: kube-proxy not Ready on node a`` for the nodes a settle waits on, or "" (a
-    crash-looping source kube-proxy on a live node is waited for, and named)."""
-    unserved = _unserved(look, set(down_nodes(look, ds)))
-    return f": kube-proxy not Ready on {named(unserved)}" if unserved else ""
+def waiting_on(look: Look) -> str:
+    """``: no Ready kube-proxy that stays on node a`` for the nodes a settle waits on, or ""
+    (a crash-looping source kube-proxy on a live node is waited for, and named)."""
+    unserved = _unserved(look, set(down_nodes(look)))
+    return f": no Ready kube-proxy that stays on {named(unserved)}" if unserved else ""
 
 
 def not_seen(look: Look, ds: Object | None) -> str:
     """What a terminal message adds for the nodes whose kubelet is down, or ""."""
-    down = down_nodes(look, ds) if ds is not None else []
+    down = down_nodes(look)
     if ds is None or not down:
         return ""
     st = ds.get("status") or {}
@@ -218,9 +234,7 @@ def restore(look: Look) -> bool:
     ):
         return False
     if src_ds is not None and not source_settled(look, src_ds):
-        look.status.message = "waiting for the source DaemonSet to settle" + waiting_on(
-            look, src_ds
-        )
+        look.status.message = "waiting for the source DaemonSet to settle" + waiting_on(look)
         look.requeue = 2
         return False
     return done

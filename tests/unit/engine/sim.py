@@ -277,38 +277,40 @@ class Sim:
             self.starts[node] = self.starts.get(node, 0) + 1
         strategy = ds["spec"].get("updateStrategy", {})
         if strategy.get("type", "RollingUpdate") == "RollingUpdate":
-            budget = _max_unavailable(strategy, len(wanted))
-            for pod in sorted(
-                (
-                    p
-                    for p in self.pods
-                    if p.owner == name and p.template != template and not p.terminating
-                ),
-                key=lambda p: (p.ready, p.node),  # the unavailable first, as it does
-            ):
-                if not pod.ready:
-                    # As the DaemonSet controller does: an old pod that is not available
-                    # is replaced whatever the budget (deleting it takes nothing away).
-                    pod.terminating = self._grace(pod.node)
-                    continue
-                # Unavailable: a wanted node without a Ready, not terminating pod of this
-                # DaemonSet (a stale pod being replaced counts until its successor is Ready).
-                unavailable = sum(
-                    not any(p.ready for p in self.pods if p.owner == name and p.node == n)
-                    for n in wanted
-                )
-                if unavailable >= budget:
-                    break
-                pod.terminating = self._grace(pod.node)
+            self._rolling_update(name, template, wanted, _max_unavailable(strategy, len(wanted)))
         live = [p for p in self.pods if p.owner == name and not p.terminating]
         ds["status"] = {
             "observedGeneration": ds["metadata"]["generation"],
             "desiredNumberScheduled": len(wanted),
-            "currentNumberScheduled": len(live),
+            # A Terminating pod still counts as scheduled (getNodesToDaemonPods skips only
+            # terminal ones).
+            "currentNumberScheduled": len({p.node for p in self.pods if p.owner == name}),
             "numberReady": sum(p.ready for p in live),
             "updatedNumberScheduled": sum(p.template == template for p in live),
             "numberUnavailable": len(wanted) - sum(p.ready for p in live),
         }
+
+    def _rolling_update(self, name: str, template: str, wanted: set[str], budget: int) -> None:
+        """One pass of ``rollingUpdate`` (pkg/controller/daemon/update.go, maxSurge 0): per
+        node, a Terminating pod is no pod; a node without a pod, or with an old and a new
+        one, or whose new pod is not Ready, is unavailable. An old pod that is not Ready is
+        replaced whatever the budget and counts nothing; a Ready one is replaced while the
+        unavailable count leaves room."""
+        unavailable, replace, candidates = 0, [], []
+        for node in sorted(wanted):
+            pods = [p for p in self.pods if p.owner == name and p.node == node]
+            pods = [p for p in pods if not p.terminating]
+            new = [p for p in pods if p.template == template]
+            old = [p for p in pods if p.template != template]
+            if not pods or (new and old) or (new and not new[0].ready):
+                unavailable += 1
+            elif old and not old[0].ready:
+                replace.append(old[0])
+            elif old and unavailable < budget:
+                candidates.append(old[0])
+        room = max(0, budget - unavailable)
+        for pod in replace + candidates[:room]:
+            pod.terminating = self._grace(pod.node)
 
     def _verify(self, job: dict[str, Any]) -> None:
         """What ``proxymode verify-node`` would find on the node, as its report."""

@@ -10,10 +10,17 @@ the phase ends; a live node whose kube-proxy is not Ready is still waited for, a
 
 from __future__ import annotations
 
+import copy
+import json
+from dataclasses import replace
+
 import pytest
 
 from proxymode.api.models import Phase, ProxyModePolicy
+from proxymode.engine.look import Look
+from proxymode.engine.objects import DEFAULT_STRATEGY, STRATEGY_ANNOTATION
 from proxymode.engine.observed import MODE_LABEL
+from proxymode.engine.restore import down_nodes, source_settled
 from tests.unit.engine.seq import THREE_STAGES, Run, make_policy, phase_is
 from tests.unit.engine.sim import Sim
 
@@ -72,7 +79,9 @@ def test_a_live_node_whose_source_proxy_is_not_ready_is_waited_for_and_named() -
         run.step()
     status = run.policy.status
     assert status.phase == Phase.ROLLING_BACK, status.message
-    assert status.message.endswith("kube-proxy not Ready on node general-2"), status.message
+    assert status.message.endswith("no Ready kube-proxy that stays on node general-2"), (
+        status.message
+    )
     sim.broken.discard("general-2")
     for pod in sim.pods:
         pod.crashloop = False
@@ -95,3 +104,69 @@ def test_the_kubelet_back_brings_the_restored_kube_proxy() -> None:
     policy: ProxyModePolicy = run.policy
     assert policy.status.phase == Phase.ROLLED_BACK
     run.assert_restored()
+
+
+def test_a_down_node_the_source_does_not_run_on_excuses_nothing() -> None:
+    """Another migration's node (its label, and its ``NotIn`` on the source) is down: the
+    source never ran there, so it neither relaxes the wait nor appears in the message."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    rival = {"key": MODE_LABEL, "operator": "NotIn", "values": ["ipvs", "switching"]}
+    ds = sim.get("DaemonSet", "kube-proxy")
+    ds["spec"]["template"]["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [rival]}]
+            }
+        }
+    }
+    ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    ds["metadata"]["annotations"] = {STRATEGY_ANNOTATION: json.dumps(DEFAULT_STRATEGY)}
+    sim._store(ds)
+    sim.nodes["canary-1"].labels[MODE_LABEL] = "ipvs"
+    for _ in range(3):
+        sim.tick()
+    run = Run(
+        sim,
+        make_policy(
+            nodeSelector={"matchLabels": {"pool": "general"}},
+            stages=[{"name": "all", "percent": 100, "bakeSeconds": 600}],
+            finalize=False,
+        ),
+        check=False,
+    )
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    sim.down.add("canary-1")
+    sim.action = "abort"
+    run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED))
+    assert down_nodes(Look(run.policy, run.observe())) == []
+    assert run.policy.status.phase == Phase.ROLLED_BACK
+    assert "not seen" not in run.policy.status.message
+
+
+def test_a_status_one_event_behind_the_pods_does_not_settle() -> None:
+    """general-2's kubelet is down; general-1's old pod has gone and its new one is not made
+    yet, while the DaemonSet's status still counts the old one (two watches, two paces)."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    obs = sim.observe(policy="to-nft")
+    ds = copy.deepcopy(obs.source_daemon_set)
+    ds["status"] = {
+        "observedGeneration": ds["metadata"]["generation"],
+        "desiredNumberScheduled": 3,
+        "currentNumberScheduled": 3,
+        "numberReady": 2,
+        "numberUnavailable": 1,
+        "updatedNumberScheduled": 1,
+    }
+    obs = replace(
+        obs,
+        nodes=tuple(replace(n, ready=n.name != "general-2") for n in obs.nodes),
+        pods=tuple(
+            replace(p, ready=False) if p.node == "general-2" else p
+            for p in obs.pods
+            if p.node != "general-1"
+        ),
+        source_daemon_set=ds,
+    )
+    look = Look(make_policy(), obs)
+    assert down_nodes(look) == ["general-2"]
+    assert not source_settled(look, ds)

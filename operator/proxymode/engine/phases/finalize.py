@@ -102,9 +102,7 @@ def _restore_source(lk: Look, backup: Mapping[str, str], src_ds: Object) -> bool
         )
         return False
     if not source_settled(lk, src_ds):
-        lk.status.message = "waiting for the source DaemonSet's rolling restart" + waiting_on(
-            lk, src_ds
-        )
+        lk.status.message = "waiting for the source DaemonSet's rolling restart" + waiting_on(lk)
         lk.requeue = 2
         return False
     return True
