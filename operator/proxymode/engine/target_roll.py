@@ -60,12 +60,15 @@ def rolling(look: Look, *, until_ready: bool = False) -> str | None:
     if older:
         return (
             "the target DaemonSet is rolling a changed template out, one node at a time"
-            f" (still to replace: {named(older)})"
+            f" (still to replace: {named(older)})" + _kubelets_down(look, older)
         )
     if until_ready:
         waiting = _not_ready_at_target(look)
         if waiting:
-            return f"the target DaemonSet's rolling update waits for {named(waiting)} to be Ready"
+            return (
+                f"the target DaemonSet's rolling update waits for {named(waiting)} to be Ready"
+                + _kubelets_down(look, waiting)
+            )
     return None
 
 
@@ -82,6 +85,15 @@ def stalled(look: Look) -> str | None:
             continue
         since = pod.ready_changed or pod.created
         if since is not None and (look.now - since).total_seconds() > limit:
+            view = look.obs.node(pod.node)
+            if view is not None and not view.ready:
+                return (
+                    f"the target kube-proxy pod {pod.name} on node {pod.node} has not been"
+                    f" Ready for {(look.now - since).total_seconds():.0f}s"
+                    f" (readyTimeoutSeconds {limit}): the node's kubelet is not Ready;"
+                    " handing nodes back restarts every kube-proxy, so none starts until it"
+                    " is (bring the node back or delete it, then resume)"
+                )
             return (
                 f"the target kube-proxy pod {pod.name} on node {pod.node} has not been Ready"
                 f" for {(look.now - since).total_seconds():.0f}s (readyTimeoutSeconds {limit});"
@@ -110,6 +122,16 @@ def stop(look: Look) -> None:
             why="stop the target DaemonSet's own rolling update: the rollback walks nodes back",
         )
     )
+
+
+def _kubelets_down(look: Look, nodes: list[str]) -> str:
+    """``; the kubelet of node a is not Ready``: why a wait on these nodes may be long (no
+    pod starts or stops there until it is back; a review saw the roll wait unexplained)."""
+    down = [n for n in nodes if (v := look.obs.node(n)) is not None and not v.ready]
+    if not down:
+        return ""
+    verb = "is" if len(down) == 1 else "are"
+    return f"; the kubelet of {named(down)} {verb} not Ready: no pod starts or stops there"
 
 
 def _target_pods(look: Look) -> list[ProxyPod]:

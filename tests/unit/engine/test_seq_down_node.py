@@ -170,3 +170,55 @@ def test_a_status_one_event_behind_the_pods_does_not_settle() -> None:
     look = Look(make_policy(), obs)
     assert down_nodes(look) == ["general-2"]
     assert not source_settled(look, ds)
+
+
+def test_a_node_handed_back_then_down_waits_on_its_label_for_its_restart() -> None:
+    """Finalizing handed canary-1 back (its source pod runs nftables), then its kubelet went
+    down, then an abort. The rollback must restart that pod in the source mode, but a walk
+    through switching cannot stop a pod on a down node: the node stayed at switching,
+    without any kube-proxy once its kubelet was back (a review's reproducer). It now waits
+    on its label, says why, and restarts the pod when the kubelet is back."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.phase == Phase.FINALIZING)
+
+    def handed(p: ProxyModePolicy) -> list[str]:
+        moving = {m.node for m in p.status.moves}
+        return [
+            q.node
+            for q in sim.pods
+            if q.owner == "kube-proxy" and q.mode == "nftables" and q.ready and q.node not in moving
+        ]
+
+    run.until(lambda p: bool(handed(p)))
+    node = handed(run.policy)[0]
+    sim.down.add(node)
+    sim.action = "abort"
+    run.until(lambda p: "waiting for its kubelet" in p.status.message, limit=200)
+    for _ in range(20):
+        run.step()
+        assert MODE_LABEL not in sim.nodes[node].labels, "a down node is not walked"
+    assert run.policy.status.phase == Phase.ROLLING_BACK
+    assert f"node {node} ran nftables" in run.policy.status.message
+    sim.down.clear()
+    run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED))
+    assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+    run.assert_restored()
+
+
+def test_finalize_names_the_kubelet_of_a_node_down_at_the_target() -> None:
+    """general-4's kubelet goes down while it still runs the target: no hand-back starts
+    beside it (a hand-back restarts every kube-proxy), and the wait and the pause that ends
+    it say the kubelet is the cause, not an image (a review found "a bad image?")."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(finalize=True))
+    run.until(lambda p: p.status.phase == Phase.FINALIZING)
+    assert sim.nodes["general-4"].labels.get(MODE_LABEL) == "nftables"
+    sim.down.add("general-4")
+    run.step()
+    assert "the kubelet of node general-4 is not Ready" in run.policy.status.message
+    run.until(phase_is(Phase.PAUSED, Phase.COMPLETED, Phase.FAILED), limit=300)
+    status = run.policy.status
+    assert status.phase == Phase.PAUSED, status.message
+    assert "the node's kubelet is not Ready" in status.message
+    assert "bad image" not in status.message

@@ -17,7 +17,7 @@ from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, ProxyKind
 from proxymode.engine.preflight.nodes import scheduled_by
 from proxymode.engine.restore import generation_observed, not_seen, patch_config_data, restore
-from proxymode.engine.stages import nodes
+from proxymode.engine.stages import named, nodes
 
 
 def look(lk: Look) -> Phase | None:
@@ -124,6 +124,17 @@ def _restart_what_read_the_target_mode(lk: Look) -> bool:
     if not nodes or src_ds is None:
         return False
     lk.soon(1)
+    # A node whose kubelet is down cannot stop its pod: walked to switching it would stay
+    # there, without any kube-proxy once the kubelet is back (found by a review). It waits,
+    # on its label, until the kubelet is back, and the rollback says so.
+    down = [n for n in nodes if (view := lk.obs.node(n)) is not None and not view.ready]
+    nodes = [n for n in nodes if n not in down]
+    if not nodes:
+        lk.status.message = (
+            f"{named(down)} ran {lk.target_mode} from the source DaemonSet while finalizing"
+            " and must restart in the source mode; waiting for its kubelet, which is not Ready"
+        )
+        return True
     if not objects.source_is_patched(src_ds, lk.target_mode):
         backup = lk.obs.backup
         strategy = (
