@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -462,6 +463,33 @@ TINY_DAEMON_SET = {
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
 
+@pytest.fixture(scope="module")
+def peering_chart(cluster: Sandbox, bins: Path) -> list[dict[str, Any]]:
+    """The chart rendered with peering on, its CRDs in place: the authorizer answers "no"
+    for a resource the server does not serve (run alone, no other test had put them in)."""
+    peering = [v for v in CI_VALUES if v.name == "peering-on-values.yaml"]
+    objects = [o for o in yaml.safe_load_all(helm_template(bins, *peering).stdout) if o]
+    apply_crds_for_real(cluster, bins, objects)
+    return objects
+
+
+def _authorizer_caught_up(cluster: Sandbox, bins: Path, who: str) -> None:
+    """Wait until the API server's RBAC authorizer has the objects just applied: it reads
+    them from its own informer, a moment behind the write (a CI run saw "no" for the
+    first case right after an apply that re-created the Role). One grant of the
+    ClusterRole and one of the namespaced Role must answer "yes" first."""
+    probes = (["patch", "nodes"], ["get", "secrets", "-n", NAMESPACE])
+    deadline = time.monotonic() + 30
+    while True:
+        answers = [
+            kubectl(cluster, bins, "auth", "can-i", *p, who, check=False).stdout.strip()
+            for p in probes
+        ]
+        if answers == ["yes", "yes"] or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize(
     "case",
     [
@@ -494,18 +522,17 @@ RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
     ids=lambda c: f"{c[0]}-{c[1]}-{c[2] or 'cluster'}",
 )
 def test_service_account_can_and_cannot(
-    cluster: Sandbox, bins: Path, case: tuple[str, str, str, bool]
+    cluster: Sandbox,
+    bins: Path,
+    peering_chart: list[dict[str, Any]],
+    case: tuple[str, str, str, bool],
 ) -> None:
     """What the API server's authorizer answers for the chart's ServiceAccount (peering on)."""
     verb, resource, namespace, allowed = case
-    peering = [v for v in CI_VALUES if v.name == "peering-on-values.yaml"]
-    objects = [
-        o
-        for o in yaml.safe_load_all(helm_template(bins, *peering).stdout)
-        if o and o["kind"] in RBAC_KINDS
-    ]
+    objects = [o for o in peering_chart if o["kind"] in RBAC_KINDS]
     kubectl(cluster, bins, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(objects))
     who = f"--as=system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+    _authorizer_caught_up(cluster, bins, who)
     args = ["auth", "can-i", verb, resource, who]
     if namespace:
         args += ["-n", namespace]

@@ -10,14 +10,14 @@ differs and says whether all is already in place, so a look can stop at the firs
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from proxymode.engine import objects
 from proxymode.engine.actions import DeleteObject, PatchObject
 from proxymode.engine.look import Look
-from proxymode.engine.observed import Object, ProxyKind
-from proxymode.engine.stages import named
+from proxymode.engine.observed import Object
+from proxymode.engine.settle import source_settled, waiting_on
 
 
 def template_hash(ds: Object | None) -> str | None:
@@ -25,89 +25,6 @@ def template_hash(ds: Object | None) -> str | None:
         return None
     annotations = ds["spec"]["template"].get("metadata", {}).get("annotations", {})
     return str(annotations.get("proxymode.io/config-hash"))
-
-
-def generation_observed(ds: Object) -> bool:
-    status = ds.get("status") or {}
-    return int(status.get("observedGeneration", 0)) >= int(ds["metadata"].get("generation", 0))
-
-
-def rolled_out(ds: Object, excused: int = 0) -> bool:
-    """The DaemonSet's controller has seen its spec and every pod is of it and Ready.
-
-    With ``excused`` nodes down (``down_nodes``), up to that many may lack a Ready pod, and
-    pods of the previous template may stay: a down node's pod, Terminating for as long as
-    its kubelet is gone, counts against the rolling update's ``maxUnavailable``, so the
-    controller stops replacing the others until it is back (``rollingUpdate`` in
-    pkg/controller/daemon/update.go). Every node that should run a pod must still have one
-    (``currentNumberScheduled`` counts a Terminating pod too), and what the pods serve is
-    checked pod by pod (``source_settled``)."""
-    st = ds.get("status") or {}
-    desired = st.get("desiredNumberScheduled", 0)
-    return (
-        generation_observed(ds)
-        and st.get("currentNumberScheduled", 0) >= desired
-        and (excused > 0 or st.get("updatedNumberScheduled", 0) >= desired)
-        and st.get("numberReady", 0) >= desired - excused
-        and (st.get("numberUnavailable") or 0) <= excused
-    )
-
-
-def down_nodes(look: Look) -> list[str]:
-    """Nodes with a source kube-proxy pod whose kubelet is not Ready (a node powered off,
-    cut off, or gone while the migration ran): no pod starts, stops or reports there until
-    it is back.
-
-    Waiting for the source DaemonSet to settle on such a node would never end: the old pod
-    stays Terminating and the new one never runs (a review found a rollback that never
-    finished). They are left out of the wait and named when the phase ends; the DaemonSet's
-    controller starts their kube-proxy when the kubelet returns, from the template put back.
-    Only nodes with a pod of the source: a down node the source does not run on (another
-    migration's, excluded by its affinity) excuses nothing (found by a review)."""
-    mine = {p.node for p in look.obs.pods if p.kind == ProxyKind.SOURCE}
-    return sorted(n.name for n in look.obs.nodes if not n.ready and n.name in mine)
-
-
-def source_settled(look: Look, ds: Object) -> bool:
-    """The source DaemonSet rolled out and every node it runs on served by a Ready source
-    kube-proxy that is staying, but for the nodes whose kubelet is down."""
-    down = down_nodes(look)
-    desired = (ds.get("status") or {}).get("desiredNumberScheduled", 0)
-    # The DaemonSet's status and the pod cache come from two watches: a status one event
-    # behind can still count a pod the cache has already seen go (a review's case). The
-    # pods themselves must cover as many nodes as the DaemonSet wants (a node between its
-    # old pod and its new one has none).
-    covered = {p.node for p in look.obs.pods if p.kind == ProxyKind.SOURCE}
-    return (
-        rolled_out(ds, excused=len(down))
-        and len(covered) >= desired
-        and not _unserved(look, set(down))
-    )
-
-
-def waiting_on(look: Look) -> str:
-    """``: no Ready kube-proxy that stays on node a`` for the nodes a settle waits on, or ""
-    (a crash-looping source kube-proxy on a live node is waited for, and named)."""
-    unserved = _unserved(look, set(down_nodes(look)))
-    return f": no Ready kube-proxy that stays on {named(unserved)}" if unserved else ""
-
-
-def not_seen(look: Look, ds: Object | None) -> str:
-    """What a terminal message adds for the nodes whose kubelet is down, or ""."""
-    down = down_nodes(look)
-    if ds is None or not down:
-        return ""
-    st = ds.get("status") or {}
-    desired, updated = st.get("desiredNumberScheduled", 0), st.get("updatedNumberScheduled", 0)
-    roll = (
-        f"; its rolling update ({updated} of {desired} pods updated) goes on then"
-        if updated < desired
-        else ""
-    )
-    return (
-        f"; not seen on {named(down)}, whose kubelet is not Ready: the restored DaemonSet"
-        f" starts kube-proxy there when it is back{roll}"
-    )
 
 
 def delete_target_pair(look: Look) -> bool:
@@ -234,23 +151,9 @@ def restore(look: Look) -> bool:
     ):
         return False
     if src_ds is not None and not source_settled(look, src_ds):
-        look.status.message = "waiting for the source DaemonSet to settle" + waiting_on(look)
+        look.status.message = "waiting for the source DaemonSet to settle" + waiting_on(
+            look, src_ds
+        )
         look.requeue = 2
         return False
     return done
-
-
-def _unserved(look: Look, down: Collection[str] = ()) -> list[str]:
-    """Nodes with a source kube-proxy (but those in ``down``) none of which is Ready and
-    staying.
-
-    The DaemonSet's status alone can say "rolled out" mid-restart: it counts a node Ready
-    while its old pod, terminating, still is, and updated once the new pod exists, not yet
-    Ready (a review saw RolledBack while a restored template's restart was still under way
-    on a node, with no kube-proxy serving it for a moment)."""
-    serving: dict[str, bool] = {}
-    for pod in look.obs.pods:
-        if pod.kind == ProxyKind.SOURCE and pod.node not in down:
-            ok = pod.ready and not pod.terminating
-            serving[pod.node] = serving.get(pod.node, False) or ok
-    return sorted(node for node, ok in serving.items() if not ok)

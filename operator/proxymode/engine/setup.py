@@ -12,7 +12,8 @@ from proxymode.engine import naming, objects, target_roll
 from proxymode.engine.actions import ApplyObject, PatchObject, SaveBackup
 from proxymode.engine.look import Look
 from proxymode.engine.observed import Object
-from proxymode.engine.restore import generation_observed, own_spec, template_hash
+from proxymode.engine.restore import own_spec, template_hash
+from proxymode.engine.settle import generation_observed
 from proxymode.kubeproxy import (
     ConfigError,
     KubeVersion,

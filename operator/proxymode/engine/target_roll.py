@@ -27,7 +27,8 @@ from proxymode.engine import moves
 from proxymode.engine.actions import PatchObject
 from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, ProxyKind, ProxyPod
-from proxymode.engine.restore import generation_observed, template_hash
+from proxymode.engine.restore import template_hash
+from proxymode.engine.settle import generation_observed
 from proxymode.engine.stages import named
 
 
@@ -92,7 +93,8 @@ def stalled(look: Look) -> str | None:
                     f" Ready for {(look.now - since).total_seconds():.0f}s"
                     f" (readyTimeoutSeconds {limit}): the node's kubelet is not Ready;"
                     " handing nodes back restarts every kube-proxy, so none starts until it"
-                    " is (bring the node back or delete it, then resume)"
+                    " is (bring the node back, or delete it, and resume once its kube-proxy"
+                    " is Ready)"
                 )
             return (
                 f"the target kube-proxy pod {pod.name} on node {pod.node} has not been Ready"
@@ -130,8 +132,9 @@ def _kubelets_down(look: Look, nodes: list[str]) -> str:
     down = [n for n in nodes if (v := look.obs.node(n)) is not None and not v.ready]
     if not down:
         return ""
+    whose = "the kubelet of" if len(down) == 1 else "the kubelets of"
     verb = "is" if len(down) == 1 else "are"
-    return f"; the kubelet of {named(down)} {verb} not Ready: no pod starts or stops there"
+    return f"; {whose} {named(down)} {verb} not Ready: no pod starts or stops there"
 
 
 def _target_pods(look: Look) -> list[ProxyPod]:

@@ -277,27 +277,28 @@ class Sim:
             self.starts[node] = self.starts.get(node, 0) + 1
         strategy = ds["spec"].get("updateStrategy", {})
         if strategy.get("type", "RollingUpdate") == "RollingUpdate":
-            self._rolling_update(name, template, wanted, _max_unavailable(strategy, len(wanted)))
+            self._rolling_update(name, template, _max_unavailable(strategy, len(wanted)))
         live = [p for p in self.pods if p.owner == name and not p.terminating]
         ds["status"] = {
             "observedGeneration": ds["metadata"]["generation"],
             "desiredNumberScheduled": len(wanted),
             # A Terminating pod still counts as scheduled (getNodesToDaemonPods skips only
             # terminal ones).
-            "currentNumberScheduled": len({p.node for p in self.pods if p.owner == name}),
+            "currentNumberScheduled": len({p.node for p in self.pods if p.owner == name} & wanted),
             "numberReady": sum(p.ready for p in live),
             "updatedNumberScheduled": sum(p.template == template for p in live),
             "numberUnavailable": len(wanted) - sum(p.ready for p in live),
         }
 
-    def _rolling_update(self, name: str, template: str, wanted: set[str], budget: int) -> None:
+    def _rolling_update(self, name: str, template: str, budget: int) -> None:
         """One pass of ``rollingUpdate`` (pkg/controller/daemon/update.go, maxSurge 0): per
-        node, a Terminating pod is no pod; a node without a pod, or with an old and a new
-        one, or whose new pod is not Ready, is unavailable. An old pod that is not Ready is
+        node holding a pod of it (wanted or not), a Terminating pod is no pod; a node left
+        without one, or with an old and a new one, or whose new pod is not Ready, is
+        unavailable. An old pod that is not Ready is
         replaced whatever the budget and counts nothing; a Ready one is replaced while the
         unavailable count leaves room."""
         unavailable, replace, candidates = 0, [], []
-        for node in sorted(wanted):
+        for node in sorted({p.node for p in self.pods if p.owner == name}):  # nodeToDaemonPods
             pods = [p for p in self.pods if p.owner == name and p.node == node]
             pods = [p for p in pods if not p.terminating]
             new = [p for p in pods if p.template == template]

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from proxymode.engine.look import Look
 from proxymode.engine.observed import ProxyKind, ProxyPod
-from proxymode.engine.restore import _unserved
+from proxymode.engine.settle import unserved as _unserved
 from tests.unit.engine.seq import make_policy
 from tests.unit.engine.sim import Sim
 

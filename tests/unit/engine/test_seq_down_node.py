@@ -20,8 +20,8 @@ from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.engine.look import Look
 from proxymode.engine.objects import DEFAULT_STRATEGY, STRATEGY_ANNOTATION
 from proxymode.engine.observed import MODE_LABEL
-from proxymode.engine.restore import down_nodes, source_settled
-from tests.unit.engine.seq import THREE_STAGES, Run, make_policy, phase_is
+from proxymode.engine.settle import down_nodes, source_settled
+from tests.unit.engine.seq import THREE_STAGES, Run, make_policy, nodes_labelled, phase_is
 from tests.unit.engine.sim import Sim
 
 BAKING = [{**s, "bakeSeconds": 600} for s in THREE_STAGES]
@@ -106,10 +106,9 @@ def test_the_kubelet_back_brings_the_restored_kube_proxy() -> None:
     run.assert_restored()
 
 
-def test_a_down_node_the_source_does_not_run_on_excuses_nothing() -> None:
-    """Another migration's node (its label, and its ``NotIn`` on the source) is down: the
-    source never ran there, so it neither relaxes the wait nor appears in the message."""
-    sim = Sim.cluster({"canary": 1, "general": 2})
+def _with_rival(sim: Sim) -> None:
+    """Another migration's ``NotIn [ipvs, switching]`` on the source DaemonSet, as its
+    operator leaves it (OnDelete, its strategy noted)."""
     rival = {"key": MODE_LABEL, "operator": "NotIn", "values": ["ipvs", "switching"]}
     ds = sim.get("DaemonSet", "kube-proxy")
     ds["spec"]["template"]["spec"]["affinity"] = {
@@ -122,9 +121,24 @@ def test_a_down_node_the_source_does_not_run_on_excuses_nothing() -> None:
     ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
     ds["metadata"]["annotations"] = {STRATEGY_ANNOTATION: json.dumps(DEFAULT_STRATEGY)}
     sim._store(ds)
-    sim.nodes["canary-1"].labels[MODE_LABEL] = "ipvs"
+
+
+@pytest.mark.parametrize("pod_left", [False, True], ids=["rival-walked-first", "pod-stuck"])
+def test_a_down_node_the_source_does_not_run_on_excuses_nothing(pod_left: bool) -> None:
+    """Another migration's node (its label, and its ``NotIn`` on the source) is down: the
+    source does not run there, so it neither relaxes the wait nor is named as "not seen",
+    also when its source pod is stuck Terminating there (its kubelet went down as the
+    other migration walked it: a review's case)."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    _with_rival(sim)
+    if pod_left:
+        for _ in range(3):
+            sim.tick()
+        sim.down.add("canary-1")
+    sim.nodes["canary-1"].labels[MODE_LABEL] = "switching" if pod_left else "ipvs"
     for _ in range(3):
         sim.tick()
+    assert bool(sim.proxies_on("canary-1")) == pod_left
     run = Run(
         sim,
         make_policy(
@@ -138,7 +152,7 @@ def test_a_down_node_the_source_does_not_run_on_excuses_nothing() -> None:
     sim.down.add("canary-1")
     sim.action = "abort"
     run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED))
-    assert down_nodes(Look(run.policy, run.observe())) == []
+    assert down_nodes(Look(run.policy, run.observe()), sim.get("DaemonSet", "kube-proxy")) == []
     assert run.policy.status.phase == Phase.ROLLED_BACK
     assert "not seen" not in run.policy.status.message
 
@@ -168,7 +182,44 @@ def test_a_status_one_event_behind_the_pods_does_not_settle() -> None:
         source_daemon_set=ds,
     )
     look = Look(make_policy(), obs)
-    assert down_nodes(look) == ["general-2"]
+    assert down_nodes(look, ds) == ["general-2"]
+    assert not source_settled(look, ds)
+
+
+def test_a_rival_s_stuck_pod_does_not_cover_a_node_between_pods() -> None:
+    """canary-1 is another migration's (ipvs, off the source by its ``NotIn``) and down, a
+    source pod stuck Terminating there; general-1 is between its old pod and its new one,
+    the status an event behind. The stuck pod covers nothing (a review's case)."""
+    sim = Sim.cluster({"canary": 1, "general": 3})
+    _with_rival(sim)
+    sim.tick()
+    obs = sim.observe(policy="to-nft")
+    ds = copy.deepcopy(obs.source_daemon_set)
+    ds["status"] = {
+        "observedGeneration": ds["metadata"]["generation"],
+        "desiredNumberScheduled": 3,
+        "currentNumberScheduled": 3,
+        "numberReady": 3,
+        "numberUnavailable": 0,
+        "updatedNumberScheduled": 3,
+    }
+    obs = replace(
+        obs,
+        nodes=tuple(
+            replace(n, ready=False, labels={**n.labels, MODE_LABEL: "ipvs"})
+            if n.name == "canary-1"
+            else n
+            for n in obs.nodes
+        ),
+        pods=tuple(
+            replace(p, ready=False, terminating=True) if p.node == "canary-1" else p
+            for p in obs.pods
+            if p.node != "general-1"
+        ),
+        source_daemon_set=ds,
+    )
+    look = Look(make_policy(), obs)
+    assert down_nodes(look, ds) == []
     assert not source_settled(look, ds)
 
 
@@ -222,3 +273,40 @@ def test_finalize_names_the_kubelet_of_a_node_down_at_the_target() -> None:
     assert status.phase == Phase.PAUSED, status.message
     assert "the node's kubelet is not Ready" in status.message
     assert "bad image" not in status.message
+
+
+@pytest.mark.parametrize("then", ["kubelet-back", "node-deleted"])
+def test_a_node_down_at_the_target_waits_on_its_label_while_the_rest_goes_back(
+    then: str,
+) -> None:
+    """canary-1 runs the target when its kubelet goes down; then an abort. Its move back
+    used to walk it to switching, where the target pod could not stop: the rollback failed
+    there, and once the kubelet was back the node stayed at switching without any
+    kube-proxy (a review's reproducer). Now it keeps its label, every other node goes
+    back, and the rollback says why; it ends when the kubelet is back, or the Node goes."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    run = Run(sim, make_policy(stages=BAKING))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    assert sim.nodes["canary-1"].labels.get(MODE_LABEL) == "nftables"
+    sim.down.add("canary-1")
+    sim.action = "abort"
+    run.until(lambda p: "every other node is back" in p.status.message, limit=200)
+    for _ in range(20):
+        run.step()
+        assert sim.nodes["canary-1"].labels.get(MODE_LABEL) == "nftables"
+    status = run.policy.status
+    assert status.phase == Phase.ROLLING_BACK
+    assert "node canary-1 still runs nftables and its kubelet is not Ready" in status.message
+    assert not nodes_labelled(sim, "nftables") - {"canary-1"}, "the others are back"
+    if then == "kubelet-back":
+        sim.down.clear()
+        run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED))
+        assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+        run.assert_restored()
+    else:
+        sim.remove_node("canary-1")
+        run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED))
+        assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+        for node in sim.nodes:
+            pods = sim.proxies_on(node)
+            assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready, node

@@ -11,14 +11,8 @@ from proxymode.api.reasons import EventReason, FailureReason, PauseReason
 from proxymode.engine import moves, objects, target_roll
 from proxymode.engine.look import Look
 from proxymode.engine.observed import Object
-from proxymode.engine.restore import (
-    delete_target_pair,
-    not_seen,
-    patch_config_data,
-    restore_source_spec,
-    source_settled,
-    waiting_on,
-)
+from proxymode.engine.restore import delete_target_pair, patch_config_data, restore_source_spec
+from proxymode.engine.settle import not_seen, source_settled, waiting_on
 from proxymode.engine.setup import kube_proxy_version
 from proxymode.engine.stages import nodes
 from proxymode.kubeproxy import ConfigError, parse_config, with_mode
@@ -102,7 +96,9 @@ def _restore_source(lk: Look, backup: Mapping[str, str], src_ds: Object) -> bool
         )
         return False
     if not source_settled(lk, src_ds):
-        lk.status.message = "waiting for the source DaemonSet's rolling restart" + waiting_on(lk)
+        lk.status.message = "waiting for the source DaemonSet's rolling restart" + waiting_on(
+            lk, src_ds
+        )
         lk.requeue = 2
         return False
     return True

@@ -16,7 +16,8 @@ from proxymode.engine.actions import PatchObject, SetNodeMode
 from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, ProxyKind
 from proxymode.engine.preflight.nodes import scheduled_by
-from proxymode.engine.restore import generation_observed, not_seen, patch_config_data, restore
+from proxymode.engine.restore import patch_config_data, restore
+from proxymode.engine.settle import generation_observed, not_seen
 from proxymode.engine.stages import named, nodes
 
 
@@ -31,7 +32,7 @@ def look(lk: Look) -> Phase | None:
     if failure:
         lk.fail(FailureReason.ROLLBACK_STUCK, f"rollback cannot finish: {failure}")
         return None
-    strays = _unrecorded(lk)
+    strays = [n for n in _unrecorded(lk) if _kubelet_ready(lk, n)]
     if strays:
         # Labelled by this run but missing from status.stages (a status write was lost):
         # the labels decide, so they go back first, before any recorded stage.
@@ -39,8 +40,27 @@ def look(lk: Look) -> Phase | None:
         lk.soon(2)
         return None
     _down_first(lk)
+    if _walk_back(lk):
+        return None
+    if not lk.status.moves and not _restart_what_read_the_target_mode(lk) and restore(lk):
+        _finish(lk)
+    return None
+
+
+def _walk_back(lk: Look) -> bool:
+    """The stages newest first, each node on the migration's labels back to the source.
+    True while a node is still to go back.
+
+    A node whose kubelet is down cannot stop its target pod: walked to switching it would
+    stay there, without any kube-proxy once the kubelet is back (found by a review). It
+    waits on its label, the stages before it go back meanwhile, and the rollback says so;
+    the node watch wakes the look when the kubelet is back."""
+    unreachable: list[str] = []
     for stage in reversed(lk.status.stages):
         pending = moves.labelled(lk, stage.nodes)
+        down = [n for n in pending if not _kubelet_ready(lk, n)]
+        unreachable += down
+        pending = [n for n in pending if n not in down]
         if pending:
             if stage.phase != StagePhase.ROLLING_BACK:
                 stage.phase = StagePhase.ROLLING_BACK
@@ -50,12 +70,24 @@ def look(lk: Look) -> Phase | None:
                 )
             moves.start_moves(lk, pending, MoveDirection.BACK)
             lk.soon(2)
-            return None
-        if stage.phase not in (StagePhase.PENDING, StagePhase.ROLLED_BACK):
+            return True
+        if stage.phase not in (StagePhase.PENDING, StagePhase.ROLLED_BACK) and not down:
             stage.phase = StagePhase.ROLLED_BACK
-    if not lk.status.moves and not _restart_what_read_the_target_mode(lk) and restore(lk):
-        _finish(lk)
-    return None
+    if unreachable and not lk.status.moves:
+        one = len(unreachable) == 1
+        lk.status.message = (
+            f"every other node is back; {named(unreachable)} still {'runs' if one else 'run'}"
+            f" {lk.target_mode} and {'its kubelet is' if one else 'their kubelets are'} not"
+            f" Ready: {'it goes' if one else 'they go'} back when the kubelet is (or delete"
+            " the Node)"
+        )
+        lk.soon(10)
+    return bool(unreachable)
+
+
+def _kubelet_ready(lk: Look, node: str) -> bool:
+    view = lk.obs.node(node)
+    return view is None or view.ready
 
 
 def _down_first(lk: Look) -> None:
@@ -123,18 +155,24 @@ def _restart_what_read_the_target_mode(lk: Look) -> bool:
     nodes = sorted({p.node for p in lk.obs.pods if p.name in set(_read_the_target_mode(lk))})
     if not nodes or src_ds is None:
         return False
-    lk.soon(1)
     # A node whose kubelet is down cannot stop its pod: walked to switching it would stay
     # there, without any kube-proxy once the kubelet is back (found by a review). It waits,
-    # on its label, until the kubelet is back, and the rollback says so.
+    # on its label, until the kubelet is back (the node watch wakes the look), and the
+    # rollback says so.
     down = [n for n in nodes if (view := lk.obs.node(n)) is not None and not view.ready]
     nodes = [n for n in nodes if n not in down]
+    waiting = (
+        f"{named(down)} ran {lk.target_mode} from the source DaemonSet while finalizing and"
+        " must restart in the source mode; waiting for"
+        + (" its kubelet, which is not Ready" if len(down) == 1 else " their kubelets, not Ready")
+        if down
+        else ""
+    )
     if not nodes:
-        lk.status.message = (
-            f"{named(down)} ran {lk.target_mode} from the source DaemonSet while finalizing"
-            " and must restart in the source mode; waiting for its kubelet, which is not Ready"
-        )
+        lk.status.message = waiting
+        lk.soon(10)
         return True
+    lk.soon(1)
     if not objects.source_is_patched(src_ds, lk.target_mode):
         backup = lk.obs.backup
         strategy = (
@@ -158,7 +196,7 @@ def _restart_what_read_the_target_mode(lk: Look) -> bool:
     moves.start_moves(lk, nodes, MoveDirection.BACK, through_switching=True)
     lk.status.message = (
         f"{len(nodes)} source kube-proxies started in {lk.target_mode} while finalizing:"
-        " restarting them in the source mode"
+        " restarting them in the source mode" + (f"; {waiting}" if waiting else "")
     )
     return True
 
