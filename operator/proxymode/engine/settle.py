@@ -17,6 +17,7 @@ things make that harder than the DaemonSet's status counts:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -35,19 +36,36 @@ def generation_observed(ds: Object) -> bool:
 def rolled_out(ds: Object, excused: int = 0, stalled: bool = False) -> bool:
     """The DaemonSet's controller has seen its spec and every pod is of it and Ready.
 
-    With ``excused`` nodes down, up to that many may lack a Ready pod. ``stalled``: a down
-    node holds a pod of it, so pods of the previous template may stay (the controller
-    waits for that node; see the module). Every node that should run a pod must still
+    With ``excused`` nodes down, up to that many may lack a Ready pod or an updated one.
+    ``stalled``: down nodes holding pods of it fill its ``maxUnavailable``, so pods of the
+    previous template may stay on live nodes too (the controller waits for them; see the
+    module). Every node that should run a pod must still
     have one (``currentNumberScheduled`` counts a Terminating pod too)."""
     st = ds.get("status") or {}
     desired = st.get("desiredNumberScheduled", 0)
     return (
         generation_observed(ds)
         and st.get("currentNumberScheduled", 0) >= desired
-        and (stalled or st.get("updatedNumberScheduled", 0) >= desired)
+        and (stalled or st.get("updatedNumberScheduled", 0) >= desired - excused)
         and st.get("numberReady", 0) >= desired - excused
         and (st.get("numberUnavailable") or 0) <= excused
     )
+
+
+def max_unavailable(ds: Object, desired: int) -> int:
+    """How many nodes the DaemonSet's rolling update lets be unavailable at once (a
+    percentage of ``desired`` rounds up, as the controller's does; at least 1). OnDelete
+    rolls nothing on its own: no number of down nodes stalls it."""
+    strategy = (ds.get("spec") or {}).get("updateStrategy") or {}
+    if strategy.get("type") == "OnDelete":
+        return desired + 1
+    value = (strategy.get("rollingUpdate") or {}).get("maxUnavailable", 1)
+    try:
+        if isinstance(value, str) and value.endswith("%"):
+            return max(1, math.ceil(int(value[:-1]) * desired / 100))
+        return max(1, int(value))
+    except (TypeError, ValueError):
+        return 1
 
 
 def runs_on(ds: Object, nodes: Sequence[NodeView]) -> set[str]:
@@ -97,8 +115,9 @@ def source_settled(look: Look, ds: Object) -> bool:
     # the pods must cover as many of its nodes as the DaemonSet wants.
     mine = runs_on(ds, look.obs.nodes)
     covered = {p.node for p in look.obs.pods if p.kind == ProxyKind.SOURCE and p.node in mine}
+    stalled = len(down_nodes(look)) >= max_unavailable(ds, desired)
     return (
-        rolled_out(ds, excused=len(down), stalled=bool(down_nodes(look)))
+        rolled_out(ds, excused=len(down), stalled=stalled)
         and len(covered) >= desired
         and not unserved(look, mine - set(down))
     )
@@ -139,7 +158,8 @@ def not_seen(look: Look, ds: Object | None) -> str:
         )
     if updated < desired:
         text += (
-            f"; its rolling update ({updated} of {desired} pods updated) waits for the"
-            f" {'kubelet' if len(stalling) == 1 else 'kubelets'} of {named(stalling)}"
+            f"; its rolling update ({updated} of {desired} pods updated) finishes on its own,"
+            f" on {named(stalling)} when {'its kubelet is' if len(stalling) == 1 else 'theirs are'}"
+            " back"
         )
     return text

@@ -296,7 +296,9 @@ def test_a_node_down_at_the_target_waits_on_its_label_while_the_rest_goes_back(
         assert sim.nodes["canary-1"].labels.get(MODE_LABEL) == "nftables"
     status = run.policy.status
     assert status.phase == Phase.ROLLING_BACK
-    assert "node canary-1 still runs nftables and its kubelet is not Ready" in status.message
+    assert (
+        "node canary-1 is still on the migration's label and its kubelet is not" in status.message
+    )
     assert not nodes_labelled(sim, "nftables") - {"canary-1"}, "the others are back"
     if then == "kubelet-back":
         sim.down.clear()
@@ -310,3 +312,95 @@ def test_a_node_down_at_the_target_waits_on_its_label_while_the_rest_goes_back(
         for node in sim.nodes:
             pods = sim.proxies_on(node)
             assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready, node
+
+
+def test_an_unrecorded_node_whose_kubelet_is_down_is_waited_for() -> None:
+    """canary-3 was labelled by this run, then a status write was lost (a stray), then its
+    kubelet went down: the rollback ended RolledBack with its label left, and once the
+    kubelet was back the node stayed at switching without a kube-proxy (a review)."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    for node in sim.nodes.values():
+        node.labels["team"] = "a"
+    run = Run(sim, make_policy(maxUnavailable=3, nodeSelector={"matchLabels": {"team": "a"}}))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    sim.add_node("canary-3", "canary")
+    sim.nodes["canary-3"].labels["team"] = "a"
+    sim.tick()
+    sim.tick()
+    run.checking = False
+    run.step(lose_status=True)
+    assert sim.nodes["canary-3"].labels.get(MODE_LABEL) == "switching"
+    sim.down.add("canary-3")
+    sim.action = "abort"
+    run.until(lambda p: "every other node is back" in p.status.message, limit=200)
+    for _ in range(10):
+        run.step()
+    assert run.policy.status.phase == Phase.ROLLING_BACK
+    assert "node canary-3 is still on the migration's label" in run.policy.status.message
+    sim.down.clear()
+    run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED))
+    assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+    for _ in range(5):
+        run.step()
+    assert MODE_LABEL not in sim.nodes["canary-3"].labels
+    pods = sim.proxies_on("canary-3")
+    assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready
+
+
+def test_pods_that_read_the_target_mode_restart_beside_a_node_waiting_for_its_kubelet() -> None:
+    """Finalizing handed some nodes back (their source pods run nftables); a node still at
+    the target loses its kubelet; abort. The handed-back nodes restart in the source mode
+    while that node waits: "every other node is back" only once they have (a review)."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.phase == Phase.FINALIZING)
+
+    def handed() -> list[str]:
+        moving = {m.node for m in run.policy.status.moves}
+        return [
+            q.node
+            for q in sim.pods
+            if q.owner == "kube-proxy" and q.mode == "nftables" and q.ready and q.node not in moving
+        ]
+
+    run.until(lambda p: bool(handed()))
+    moving = {m.node for m in run.policy.status.moves}
+    at_target = sorted(
+        n
+        for n, v in sim.nodes.items()
+        if v.labels.get(MODE_LABEL) == "nftables" and n not in moving
+    )
+    down = at_target[-1]
+    sim.down.add(down)
+    sim.action = "abort"
+    run.until(lambda p: "every other node is back" in p.status.message, limit=200)
+    for node in sim.nodes:
+        if node != down:
+            modes = [p.mode for p in sim.proxies_on(node)]
+            assert modes == ["iptables"], f"{node} runs {modes} while {down} waits"
+    sim.down.clear()
+    run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED))
+    assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+    run.assert_restored()
+
+
+@pytest.mark.parametrize("down", [["canary-1"], ["general-2"], ["canary-1", "general-2"]])
+def test_a_stage_waiting_for_a_kubelet_is_rolling_back_and_the_others_rolled_back(
+    down: list[str],
+) -> None:
+    sim = Sim.cluster({"canary": 1, "general": 3})
+    stages = [{**s, "bakeSeconds": 40} for s in THREE_STAGES[:2]]
+    run = Run(sim, make_policy(stages=[*stages, {**THREE_STAGES[2], "bakeSeconds": 600}]))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING and p.status.current_stage == 1)
+    sim.down.update(down)
+    sim.action = "abort"
+    run.until(lambda p: "every other node is back" in p.status.message, limit=200)
+    for stage in run.policy.status.stages:
+        waiting = set(stage.nodes) & set(down)
+        if waiting:
+            assert stage.phase == "RollingBack", (stage.name, stage.phase)
+        elif stage.phase != "Pending":
+            assert stage.phase == "RolledBack", (stage.name, stage.phase)
+    assert f"{', '.join(sorted(down))} {'is' if len(down) == 1 else 'are'} still" in (
+        run.policy.status.message
+    )

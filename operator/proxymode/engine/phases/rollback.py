@@ -32,57 +32,64 @@ def look(lk: Look) -> Phase | None:
     if failure:
         lk.fail(FailureReason.ROLLBACK_STUCK, f"rollback cannot finish: {failure}")
         return None
-    strays = [n for n in _unrecorded(lk) if _kubelet_ready(lk, n)]
-    if strays:
+    strays = _unrecorded(lk)
+    live = [n for n in strays if _kubelet_ready(lk, n)]
+    if live:
         # Labelled by this run but missing from status.stages (a status write was lost):
         # the labels decide, so they go back first, before any recorded stage.
-        moves.start_moves(lk, strays, MoveDirection.BACK)
+        moves.start_moves(lk, live, MoveDirection.BACK)
         lk.soon(2)
         return None
     _down_first(lk)
-    if _walk_back(lk):
+    unreachable = _walk_back(lk, strays)
+    if unreachable is None or lk.status.moves or _restart_what_read_the_target_mode(lk):
         return None
-    if not lk.status.moves and not _restart_what_read_the_target_mode(lk) and restore(lk):
+    if unreachable:
+        _say_unreachable(lk, unreachable)
+    elif restore(lk):
         _finish(lk)
     return None
 
 
-def _walk_back(lk: Look) -> bool:
+def _walk_back(lk: Look, down_strays: list[str]) -> list[str] | None:
     """The stages newest first, each node on the migration's labels back to the source.
-    True while a node is still to go back.
+    None while moves start; else the nodes still labelled that cannot go back now.
 
     A node whose kubelet is down cannot stop its target pod: walked to switching it would
     stay there, without any kube-proxy once the kubelet is back (found by a review). It
-    waits on its label, the stages before it go back meanwhile, and the rollback says so;
-    the node watch wakes the look when the kubelet is back."""
-    unreachable: list[str] = []
+    waits on its label (``down_strays``: the unrecorded ones, all down by now), the stages
+    before it go back meanwhile, and the rollback says so; the node watch wakes the look
+    when the kubelet is back."""
+    unreachable = list(down_strays)
     for stage in reversed(lk.status.stages):
         pending = moves.labelled(lk, stage.nodes)
         down = [n for n in pending if not _kubelet_ready(lk, n)]
         unreachable += down
+        if pending and stage.phase != StagePhase.ROLLING_BACK:
+            stage.phase = StagePhase.ROLLING_BACK
+            lk.event(
+                EventReason.STAGE_ROLLING_BACK,
+                f"stage {stage.name}: moving {nodes(len(pending))} back",
+            )
         pending = [n for n in pending if n not in down]
         if pending:
-            if stage.phase != StagePhase.ROLLING_BACK:
-                stage.phase = StagePhase.ROLLING_BACK
-                lk.event(
-                    EventReason.STAGE_ROLLING_BACK,
-                    f"stage {stage.name}: moving {nodes(len(pending))} back",
-                )
             moves.start_moves(lk, pending, MoveDirection.BACK)
             lk.soon(2)
-            return True
+            return None
         if stage.phase not in (StagePhase.PENDING, StagePhase.ROLLED_BACK) and not down:
             stage.phase = StagePhase.ROLLED_BACK
-    if unreachable and not lk.status.moves:
-        one = len(unreachable) == 1
-        lk.status.message = (
-            f"every other node is back; {named(unreachable)} still {'runs' if one else 'run'}"
-            f" {lk.target_mode} and {'its kubelet is' if one else 'their kubelets are'} not"
-            f" Ready: {'it goes' if one else 'they go'} back when the kubelet is (or delete"
-            " the Node)"
-        )
-        lk.soon(10)
-    return bool(unreachable)
+    return sorted(set(unreachable))
+
+
+def _say_unreachable(lk: Look, unreachable: list[str]) -> None:
+    one = len(unreachable) == 1
+    lk.status.message = (
+        f"every other node is back; {named(unreachable)} {'is' if one else 'are'} still on"
+        f" the migration's label and {'its kubelet is' if one else 'their kubelets are'} not"
+        f" Ready: {'it goes back when its kubelet is' if one else 'they go back when theirs are'}"
+        " (or delete the Node)"
+    )
+    lk.soon(10)
 
 
 def _kubelet_ready(lk: Look, node: str) -> bool:
