@@ -52,13 +52,14 @@ def rolled_out(ds: Object, excused: int = 0, stalled: bool = False) -> bool:
     )
 
 
+def on_delete(ds: Object) -> bool:
+    return bool(((ds.get("spec") or {}).get("updateStrategy") or {}).get("type") == "OnDelete")
+
+
 def max_unavailable(ds: Object, desired: int) -> int:
     """How many nodes the DaemonSet's rolling update lets be unavailable at once (a
-    percentage of ``desired`` rounds up, as the controller's does; at least 1). OnDelete
-    rolls nothing on its own: no number of down nodes stalls it."""
+    percentage of ``desired`` rounds up, as the controller's does; at least 1)."""
     strategy = (ds.get("spec") or {}).get("updateStrategy") or {}
-    if strategy.get("type") == "OnDelete":
-        return desired + 1
     value = (strategy.get("rollingUpdate") or {}).get("maxUnavailable", 1)
     try:
         if isinstance(value, str) and value.endswith("%"):
@@ -115,7 +116,11 @@ def source_settled(look: Look, ds: Object) -> bool:
     # the pods must cover as many of its nodes as the DaemonSet wants.
     mine = runs_on(ds, look.obs.nodes)
     covered = {p.node for p in look.obs.pods if p.kind == ProxyKind.SOURCE and p.node in mine}
-    stalled = len(down_nodes(look)) >= max_unavailable(ds, desired)
+    # OnDelete (the person's own strategy, put back): the controller replaces no pod of its
+    # own, so the restored template reaches each node when its pod is next deleted, and
+    # the count of updated pods says nothing of what serves the nodes (a review found a
+    # rollback that never ended on such a source).
+    stalled = on_delete(ds) or len(down_nodes(look)) >= max_unavailable(ds, desired)
     return (
         rolled_out(ds, excused=len(down), stalled=stalled)
         and len(covered) >= desired
@@ -156,7 +161,7 @@ def not_seen(look: Look, ds: Object | None) -> str:
             f"; not seen on {named(down)}, {whose} not Ready: the restored DaemonSet starts"
             f" kube-proxy there when {'it is' if len(down) == 1 else 'they are'} back"
         )
-    if updated < desired:
+    if updated < desired and not on_delete(ds):
         text += (
             f"; its rolling update ({updated} of {desired} pods updated) finishes on its own,"
             f" on {named(stalling)} when {'its kubelet is' if len(stalling) == 1 else 'theirs are'}"

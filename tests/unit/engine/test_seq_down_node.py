@@ -404,3 +404,33 @@ def test_a_stage_waiting_for_a_kubelet_is_rolling_back_and_the_others_rolled_bac
     assert f"{', '.join(sorted(down))} {'is' if len(down) == 1 else 'are'} still" in (
         run.policy.status.message
     )
+
+
+@pytest.mark.parametrize("down", [False, True], ids=["all-up", "a-node-down"])
+def test_a_rollback_on_an_ondelete_source_ends(down: bool) -> None:
+    """The source's own strategy is OnDelete: its controller replaces no pod when the
+    restore puts the original template back, so the count of updated pods never reaches
+    the nodes'. The rollback waited for it for ever (a review); it now ends once every
+    node is served by a Ready source kube-proxy (the template reaches a node when its pod
+    is next deleted, as the person's strategy says)."""
+    sim = Sim.cluster({"canary": 1, "general": 3})
+    ds = copy.deepcopy(sim.get("DaemonSet", "kube-proxy"))
+    ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    sim._store(ds)
+    for _ in range(3):
+        sim.tick()
+    stages = [{**s, "bakeSeconds": 40} for s in THREE_STAGES]
+    run = Run(sim, make_policy(stages=stages, finalize=False))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING and p.status.current_stage == 1)
+    if down:
+        sim.down.add("general-3")
+    sim.action = "abort"
+    run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED), limit=300)
+    assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+    assert sim.get("DaemonSet", "kube-proxy")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    for node in sim.nodes:
+        if node not in sim.down:
+            pods = sim.proxies_on(node)
+            assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready, node
+            assert pods[0].mode == "iptables", node
+    assert "rolling update" not in run.policy.status.message
