@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from proxymode.api.models import Move, MoveDirection, NodeVerification
 from proxymode.api.reasons import RollbackReason
@@ -107,6 +107,9 @@ def step(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
     if node is None:
         result.done = True  # the node left the cluster: nothing to move
         return result
+    if move.direction == MoveDirection.BACK and not node.ready:
+        _hold(move, observed, ctx)
+        return result
     label = node.mode_label
     final = final_label(move.direction, ctx.target_mode)
     cleanup = ctx.needs_cleanup and move.direction != MoveDirection.HANDBACK
@@ -117,6 +120,18 @@ def step(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
     # Still on the side it leaves: take it out of both DaemonSets first.
     result.actions.append(SetNodeMode(move.node, SWITCHING, expect=label))
     return result
+
+
+def _hold(move: Move, observed: Observed, ctx: MoveContext) -> None:
+    """A move back whose node's kubelet is not Ready waits where it is: no pod can stop or
+    start there, so walking on (to switching, or failing at the deadline there) would
+    leave the node without any kube-proxy once the kubelet is back (a review). Its clock
+    is kept from running out: past three quarters of the switch deadline it is set back to
+    one quarter, so the move has at least a quarter of it left once the kubelet is back,
+    and the status is rewritten about every half deadline, no more."""
+    deadline = ctx.switch_deadline
+    if (observed.now - move.since).total_seconds() > deadline * 0.75:
+        move.since = observed.now - timedelta(seconds=deadline * 0.25)
 
 
 def _from_switching(
@@ -365,6 +380,10 @@ def start_moves(
     else:
         switching = {n for n in planned if (v := look.obs.node(n)) and v.mode_label == SWITCHING}
         down = switching | moving
+        if direction == MoveDirection.BACK:
+            # A node whose kubelet is down has no proxy to lose: its held move (``_hold``)
+            # does not keep the other nodes from going back.
+            down = {n for n in down if (v := look.obs.node(n)) is None or v.ready}
     limit = budget(look)
     for node in candidates:
         if node in moving or look.obs.node(node) is None:

@@ -434,3 +434,33 @@ def test_a_rollback_on_an_ondelete_source_ends(down: bool) -> None:
             assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready, node
             assert pods[0].mode == "iptables", node
     assert "rolling update" not in run.policy.status.message
+
+
+def test_a_move_back_whose_kubelet_goes_down_waits_and_the_others_go_back() -> None:
+    """general-2's move back is at switching when its kubelet goes down. The move used to
+    fail at its deadline (Failed) and leave the node at switching, without any kube-proxy
+    once the kubelet was back (a review). It now waits where it is, without holding the
+    other nodes' moves back, and finishes when the kubelet is back."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    stages = [{**s, "bakeSeconds": 40} for s in THREE_STAGES[:2]]
+    run = Run(sim, make_policy(stages=[*stages, {**THREE_STAGES[2], "bakeSeconds": 600}]))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING and p.status.current_stage == 1)
+    sim.action = "abort"
+    run.until(
+        lambda p: any(
+            sim.nodes[m.node].labels.get(MODE_LABEL) == "switching" for m in p.status.moves
+        )
+    )
+    node = run.policy.status.moves[0].node
+    sim.down.add(node)
+    for _ in range(200):
+        run.step()
+    status = run.policy.status
+    assert status.phase == Phase.ROLLING_BACK, status.message
+    assert f"the move back of node {node} waits for its kubelet" in status.message
+    others = [n for n in sim.nodes if n != node]
+    assert not {n for n in others if MODE_LABEL in sim.nodes[n].labels}, "the others went back"
+    sim.down.clear()
+    run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED))
+    assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+    run.assert_restored()

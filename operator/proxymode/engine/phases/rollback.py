@@ -32,6 +32,13 @@ def look(lk: Look) -> Phase | None:
     if failure:
         lk.fail(FailureReason.ROLLBACK_STUCK, f"rollback cannot finish: {failure}")
         return None
+    held = [m.node for m in lk.status.moves if not _kubelet_ready(lk, m.node)]
+    if held:
+        whose = "its kubelet" if len(held) == 1 else "their kubelets"
+        lk.status.message = (
+            f"the move back of {named(held)} waits for {whose}, not Ready (no pod can stop"
+            " or start there)"
+        )
     strays = _unrecorded(lk)
     live = [n for n in strays if _kubelet_ready(lk, n)]
     if live:
