@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from proxymode.api.models import Move, MoveDirection, NodeVerification
+from proxymode.api.models import Move, MoveDirection, NodeVerification, Phase
 from proxymode.api.reasons import RollbackReason
 from proxymode.engine import jobs, verify
 from proxymode.engine.actions import Action, CreateJob, DeleteObject, SetNodeMode
@@ -58,6 +58,8 @@ class MoveContext:
     source_mode: str = "iptables"
     verify: verify.Settings | None = None
     """How to verify a node once its new kube-proxy is Ready; None: Ready is enough."""
+    hold_down: bool = False
+    """A rollback: a move back whose node's kubelet is not Ready waits (``_hold``)."""
 
     @property
     def switch_deadline(self) -> int:
@@ -107,7 +109,7 @@ def step(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
     if node is None:
         result.done = True  # the node left the cluster: nothing to move
         return result
-    if move.direction == MoveDirection.BACK and not node.ready:
+    if ctx.hold_down and move.direction == MoveDirection.BACK and not node.ready:
         _hold(move, observed, ctx)
         return result
     label = node.mode_label
@@ -125,7 +127,10 @@ def step(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
 def _hold(move: Move, observed: Observed, ctx: MoveContext) -> None:
     """A move back whose node's kubelet is not Ready waits where it is: no pod can stop or
     start there, so walking on (to switching, or failing at the deadline there) would
-    leave the node without any kube-proxy once the kubelet is back (a review). Its clock
+    leave the node without any kube-proxy once the kubelet is back (a review). It still
+    counts against the budget of the other moves back: once the kubelet is back it walks
+    on without asking again, and a node the operator died before labelling still runs its
+    proxy (a review found two live nodes between proxies when it did not). Its clock
     is kept from running out: past three quarters of the switch deadline it is set back to
     one quarter, so the move has at least a quarter of it left once the kubelet is back,
     and the status is rewritten about every half deadline, no more."""
@@ -297,6 +302,7 @@ def context(look: Look) -> MoveContext:
         grace_seconds=_grace(look.obs.source_daemon_set),
         source_mode=verify.source_running_mode(look, source_mode),
         verify=verify.settings(look),
+        hold_down=look.status.phase == Phase.ROLLING_BACK,
     )
 
 
@@ -380,10 +386,6 @@ def start_moves(
     else:
         switching = {n for n in planned if (v := look.obs.node(n)) and v.mode_label == SWITCHING}
         down = switching | moving
-        if direction == MoveDirection.BACK:
-            # A node whose kubelet is down has no proxy to lose: its held move (``_hold``)
-            # does not keep the other nodes from going back.
-            down = {n for n in down if (v := look.obs.node(n)) is None or v.ready}
     limit = budget(look)
     for node in candidates:
         if node in moving or look.obs.node(node) is None:

@@ -20,6 +20,9 @@ from proxymode.engine.restore import patch_config_data, restore
 from proxymode.engine.settle import generation_observed, not_seen
 from proxymode.engine.stages import named, nodes
 
+HELD = "the move back of "
+"""How the message about moves back held by a down kubelet begins."""
+
 
 def look(lk: Look) -> Phase | None:
     if lk.obs.source_daemon_set is None or lk.obs.source_config_map is None:
@@ -36,9 +39,10 @@ def look(lk: Look) -> Phase | None:
     if held:
         whose = "its kubelet" if len(held) == 1 else "their kubelets"
         lk.status.message = (
-            f"the move back of {named(held)} waits for {whose}, not Ready (no pod can stop"
-            " or start there)"
+            f"{HELD}{named(held)} waits for {whose}, not Ready (no pod can stop or start there)"
         )
+    elif (lk.status.message or "").startswith(HELD):  # no longer true: the rollback's own words
+        lk.status.message = f"rolling back: {lk.status.rollback_message or 'rolling back'}"
     strays = _unrecorded(lk)
     live = [n for n in strays if _kubelet_ready(lk, n)]
     if live:
