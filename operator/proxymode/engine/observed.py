@@ -230,6 +230,12 @@ class Observed:
     def node(self, name: str) -> NodeView | None:
         return self._nodes_by_name.get(name)
 
+    def kubelet_down(self, name: str) -> bool:
+        """The node is known and its kubelet not Ready: no pod starts, stops or reports
+        there until it is back (decision 0120)."""
+        view = self._nodes_by_name.get(name)
+        return view is not None and not view.ready
+
     def pods_on(self, node: str, kind: ProxyKind | None = None) -> list[ProxyPod]:
         return [p for p in self._pods_by_node.get(node, ()) if kind is None or p.kind == kind]
 

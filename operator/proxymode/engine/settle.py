@@ -92,35 +92,38 @@ def _mode_holds(term: Mapping[str, Any], node: NodeView) -> bool:
     )
 
 
-def down_nodes(look: Look, ds: Object | None = None) -> list[str]:
+def down_nodes(look: Look, ds: Object) -> list[str]:
     """Nodes holding a source pod whose kubelet is not Ready (a node powered off, cut off,
     or gone while the migration ran): no pod starts, stops or reports there until it is
-    back, and the DaemonSet's rolling update waits for them. With ``ds``, only those it
-    runs on (its ``proxymode.io/mode`` terms included): another migration's node, its
+    back, and the DaemonSet's rolling update waits for them. Only those ``ds`` runs on
+    (its ``proxymode.io/mode`` terms included): another migration's node, its
     source pod stuck Terminating there, stalls the roll but is not this one's to serve
     (found by a review). The DaemonSet's controller starts their kube-proxy from the
     template put back when they are back."""
+    return _down(look, runs_on(ds, look.obs.nodes))
+
+
+def _down(look: Look, among: Collection[str] | None) -> list[str]:
+    """Nodes holding a source pod whose kubelet is not Ready, of ``among`` if given (any
+    such node stalls the DaemonSet's rolling update, ours or not)."""
     holding = {p.node for p in look.obs.pods if p.kind == ProxyKind.SOURCE}
-    mine = runs_on(ds, look.obs.nodes) if ds is not None else holding
-    return sorted(
-        n.name for n in look.obs.nodes if not n.ready and n.name in holding and n.name in mine
-    )
+    return sorted(n for n in holding if look.obs.kubelet_down(n) and (among is None or n in among))
 
 
 def source_settled(look: Look, ds: Object) -> bool:
     """The source DaemonSet rolled out and every node it runs on served by a Ready source
     kube-proxy that is staying, but for the nodes whose kubelet is down."""
-    down = down_nodes(look, ds)
+    mine = runs_on(ds, look.obs.nodes)
+    down = _down(look, mine)
     desired = (ds.get("status") or {}).get("desiredNumberScheduled", 0)
     # A status an event behind the pod cache can still count a pod the cache has seen go:
     # the pods must cover as many of its nodes as the DaemonSet wants.
-    mine = runs_on(ds, look.obs.nodes)
     covered = {p.node for p in look.obs.pods if p.kind == ProxyKind.SOURCE and p.node in mine}
     # OnDelete (the person's own strategy, put back): the controller replaces no pod of its
     # own, so the restored template reaches each node when its pod is next deleted, and
     # the count of updated pods says nothing of what serves the nodes (a review found a
     # rollback that never ended on such a source).
-    stalled = on_delete(ds) or len(down_nodes(look)) >= max_unavailable(ds, desired)
+    stalled = on_delete(ds) or len(_down(look, None)) >= max_unavailable(ds, desired)
     return (
         rolled_out(ds, excused=len(down), stalled=stalled)
         and len(covered) >= desired
@@ -143,15 +146,17 @@ def unserved(look: Look, among: Collection[str] | None = None) -> list[str]:
 def waiting_on(look: Look, ds: Object) -> str:
     """``: no Ready kube-proxy that stays on node a`` for the nodes a settle waits on, or ""
     (a crash-looping source kube-proxy on a live node is waited for, and named)."""
-    waiting = unserved(look, runs_on(ds, look.obs.nodes) - set(down_nodes(look, ds)))
+    mine = runs_on(ds, look.obs.nodes)
+    waiting = unserved(look, mine - set(_down(look, mine)))
     return f": no Ready kube-proxy that stays on {named(waiting)}" if waiting else ""
 
 
 def not_seen(look: Look, ds: Object | None) -> str:
     """What a terminal message adds for the nodes whose kubelet is down, or ""."""
-    if ds is None or not down_nodes(look):
+    stalling = _down(look, None)
+    if ds is None or not stalling:
         return ""
-    down, stalling = down_nodes(look, ds), down_nodes(look)
+    down = down_nodes(look, ds)
     st = ds.get("status") or {}
     desired, updated = st.get("desiredNumberScheduled", 0), st.get("updatedNumberScheduled", 0)
     text = ""

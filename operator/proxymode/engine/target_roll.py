@@ -86,8 +86,7 @@ def stalled(look: Look) -> str | None:
             continue
         since = pod.ready_changed or pod.created
         if since is not None and (look.now - since).total_seconds() > limit:
-            view = look.obs.node(pod.node)
-            if view is not None and not view.ready:
+            if look.obs.kubelet_down(pod.node):
                 return (
                     f"the target kube-proxy pod {pod.name} on node {pod.node} has not been"
                     f" Ready for {(look.now - since).total_seconds():.0f}s"
@@ -129,7 +128,7 @@ def stop(look: Look) -> None:
 def _kubelets_down(look: Look, nodes: list[str]) -> str:
     """``; the kubelet of node a is not Ready``: why a wait on these nodes may be long (no
     pod starts or stops there until it is back; a review saw the roll wait unexplained)."""
-    down = [n for n in nodes if (v := look.obs.node(n)) is not None and not v.ready]
+    down = [n for n in nodes if look.obs.kubelet_down(n)]
     if not down:
         return ""
     whose = "the kubelet of" if len(down) == 1 else "the kubelets of"

@@ -35,7 +35,7 @@ def look(lk: Look) -> Phase | None:
     if failure:
         lk.fail(FailureReason.ROLLBACK_STUCK, f"rollback cannot finish: {failure}")
         return None
-    held = [m.node for m in lk.status.moves if not _kubelet_ready(lk, m.node)]
+    held = [m.node for m in lk.status.moves if lk.obs.kubelet_down(m.node)]
     if held:
         whose = "its kubelet" if len(held) == 1 else "their kubelets"
         lk.status.message = (
@@ -44,7 +44,7 @@ def look(lk: Look) -> Phase | None:
     elif (lk.status.message or "").startswith(HELD):  # no longer true: the rollback's own words
         lk.status.message = f"rolling back: {lk.status.rollback_message or 'rolling back'}"
     strays = _unrecorded(lk)
-    live = [n for n in strays if _kubelet_ready(lk, n)]
+    live = [n for n in strays if not lk.obs.kubelet_down(n)]
     if live:
         # Labelled by this run but missing from status.stages (a status write was lost):
         # the labels decide, so they go back first, before any recorded stage.
@@ -74,7 +74,7 @@ def _walk_back(lk: Look, down_strays: list[str]) -> list[str] | None:
     unreachable = list(down_strays)
     for stage in reversed(lk.status.stages):
         pending = moves.labelled(lk, stage.nodes)
-        down = [n for n in pending if not _kubelet_ready(lk, n)]
+        down = [n for n in pending if lk.obs.kubelet_down(n)]
         unreachable += down
         if pending and stage.phase != StagePhase.ROLLING_BACK:
             stage.phase = StagePhase.ROLLING_BACK
@@ -101,11 +101,6 @@ def _say_unreachable(lk: Look, unreachable: list[str]) -> None:
         " (or delete the Node)"
     )
     lk.soon(10)
-
-
-def _kubelet_ready(lk: Look, node: str) -> bool:
-    view = lk.obs.node(node)
-    return view is None or view.ready
 
 
 def _down_first(lk: Look) -> None:
@@ -177,14 +172,12 @@ def _restart_what_read_the_target_mode(lk: Look) -> bool:
     # there, without any kube-proxy once the kubelet is back (found by a review). It waits,
     # on its label, until the kubelet is back (the node watch wakes the look), and the
     # rollback says so.
-    down = [n for n in nodes if (view := lk.obs.node(n)) is not None and not view.ready]
+    down = [n for n in nodes if lk.obs.kubelet_down(n)]
     nodes = [n for n in nodes if n not in down]
+    whose = "its kubelet, which is" if len(down) == 1 else "their kubelets, which are"
     waiting = (
         f"{named(down)} ran {lk.target_mode} from the source DaemonSet while finalizing and"
-        " must restart in the source mode; waiting for"
-        + (" its kubelet, which is not Ready" if len(down) == 1 else " their kubelets, not Ready")
-        if down
-        else ""
+        f" must restart in the source mode; waiting for {whose} not Ready"
     )
     if not nodes:
         lk.status.message = waiting
@@ -214,7 +207,7 @@ def _restart_what_read_the_target_mode(lk: Look) -> bool:
     moves.start_moves(lk, nodes, MoveDirection.BACK, through_switching=True)
     lk.status.message = (
         f"{len(nodes)} source kube-proxies started in {lk.target_mode} while finalizing:"
-        " restarting them in the source mode" + (f"; {waiting}" if waiting else "")
+        " restarting them in the source mode" + (f"; {waiting}" if down else "")
     )
     return True
 
