@@ -21,6 +21,7 @@ import yaml
 from proxymode.api.models import Phase, PolicyStatus, ProxyModePolicy
 from proxymode.engine.actions import Decision, EmitEvent
 from proxymode.engine.machine import advance
+from proxymode.engine.objects import DEFAULT_STRATEGY, STRATEGY_ANNOTATION
 from proxymode.engine.observed import MODE_LABEL, Observed
 from proxymode.engine.planner import max_unavailable_count
 from tests.unit.engine.sim import FAST_LOADER, Sim
@@ -260,3 +261,39 @@ def with_exclusion_term(spec: dict[str, Any], target: str) -> dict[str, Any]:
     for t in terms:
         t["matchExpressions"] = [*t.get("matchExpressions", []), term]
     return want
+
+
+def with_rival(sim: Sim) -> dict[str, Any]:
+    """Another migration's ``NotIn [ipvs, switching]`` on the source DaemonSet, as its
+    operator leaves it (OnDelete, the original strategy noted); returns that expression."""
+    rival = {"key": MODE_LABEL, "operator": "NotIn", "values": ["ipvs", "switching"]}
+    ds = sim.get("DaemonSet", "kube-proxy")
+    ds["spec"]["template"]["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [rival]}]
+            }
+        }
+    }
+    ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    ds["metadata"]["annotations"] = {STRATEGY_ANNOTATION: json.dumps(DEFAULT_STRATEGY)}
+    sim._store(ds)
+    return rival
+
+
+def stray_canary_3() -> tuple[Sim, Run]:
+    """A run past its canary on nodes of team a; canary-3 joins the team, its move starts,
+    and that look's status write is lost: canary-3 is at switching, recorded nowhere (a
+    stray). Invariant checks are off from there (the label is not in the stored status)."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    for node in sim.nodes.values():
+        node.labels["team"] = "a"
+    run = Run(sim, make_policy(maxUnavailable=3, nodeSelector={"matchLabels": {"team": "a"}}))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    sim.add_node("canary-3", "canary")
+    sim.nodes["canary-3"].labels["team"] = "a"
+    sim.tick()
+    sim.tick()
+    run.checking = False
+    run.step(lose_status=True)
+    return sim, run

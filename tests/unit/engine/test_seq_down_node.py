@@ -11,17 +11,24 @@ the phase ends; a live node whose kube-proxy is not Ready is still waited for, a
 from __future__ import annotations
 
 import copy
-import json
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
 from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.engine.look import Look
-from proxymode.engine.objects import DEFAULT_STRATEGY, STRATEGY_ANNOTATION
-from proxymode.engine.observed import MODE_LABEL
+from proxymode.engine.observed import MODE_LABEL, NodeView, Object, ProxyPod
 from proxymode.engine.settle import down_nodes, source_settled
-from tests.unit.engine.seq import THREE_STAGES, Run, make_policy, nodes_labelled, phase_is
+from tests.unit.engine.seq import (
+    THREE_STAGES,
+    Run,
+    make_policy,
+    nodes_labelled,
+    phase_is,
+    stray_canary_3,
+    with_rival,
+)
 from tests.unit.engine.sim import Sim
 
 BAKING = [{**s, "bakeSeconds": 600} for s in THREE_STAGES]
@@ -36,6 +43,51 @@ def _down_once_unlabelled(run: Run, node: str, phase: Phase) -> None:
     ``node``'s kubelet down: only the source DaemonSet's restore is left."""
     run.until(lambda p: p.status.phase == phase and not p.status.moves and _unlabelled(run.sim))
     run.sim.down.add(node)
+
+
+def _handed_back_in_finalizing() -> tuple[Sim, Run]:
+    """A run in Finalizing with at least one node handed back: its source pod read the
+    target mode (nftables) and its hand-back has ended."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.phase == Phase.FINALIZING)
+    run.until(lambda p: bool(_handed(sim, p)))
+    return sim, run
+
+
+def _handed(sim: Sim, p: ProxyModePolicy) -> list[str]:
+    moving = {m.node for m in p.status.moves}
+    return [
+        q.node
+        for q in sim.pods
+        if q.owner == "kube-proxy" and q.mode == "nftables" and q.ready and q.node not in moving
+    ]
+
+
+def _status_behind(
+    sim: Sim,
+    node_view: Callable[[NodeView], NodeView],
+    pod_view: Callable[[ProxyPod], ProxyPod],
+    **counts: int,
+) -> tuple[Look, Object]:
+    """A look whose source DaemonSet status (``counts``, desired 3) is an event behind its
+    pods: general-1 between its old pod and its new one (none), and the nodes and pods
+    reshaped by ``node_view`` and ``pod_view``."""
+    obs = sim.observe(policy="to-nft")
+    ds = copy.deepcopy(obs.source_daemon_set)
+    ds["status"] = {
+        "observedGeneration": ds["metadata"]["generation"],
+        "desiredNumberScheduled": 3,
+        "currentNumberScheduled": 3,
+        **counts,
+    }
+    obs = replace(
+        obs,
+        nodes=tuple(node_view(n) for n in obs.nodes),
+        pods=tuple(pod_view(p) for p in obs.pods if p.node != "general-1"),
+        source_daemon_set=ds,
+    )
+    return Look(make_policy(), obs), ds
 
 
 def test_a_rollback_ends_when_a_node_goes_down_as_the_source_is_restored() -> None:
@@ -106,23 +158,6 @@ def test_the_kubelet_back_brings_the_restored_kube_proxy() -> None:
     run.assert_restored()
 
 
-def _with_rival(sim: Sim) -> None:
-    """Another migration's ``NotIn [ipvs, switching]`` on the source DaemonSet, as its
-    operator leaves it (OnDelete, its strategy noted)."""
-    rival = {"key": MODE_LABEL, "operator": "NotIn", "values": ["ipvs", "switching"]}
-    ds = sim.get("DaemonSet", "kube-proxy")
-    ds["spec"]["template"]["spec"]["affinity"] = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [rival]}]
-            }
-        }
-    }
-    ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
-    ds["metadata"]["annotations"] = {STRATEGY_ANNOTATION: json.dumps(DEFAULT_STRATEGY)}
-    sim._store(ds)
-
-
 @pytest.mark.parametrize("pod_left", [False, True], ids=["rival-walked-first", "pod-stuck"])
 def test_a_down_node_the_source_does_not_run_on_excuses_nothing(pod_left: bool) -> None:
     """Another migration's node (its label, and its ``NotIn`` on the source) is down: the
@@ -130,7 +165,7 @@ def test_a_down_node_the_source_does_not_run_on_excuses_nothing(pod_left: bool) 
     also when its source pod is stuck Terminating there (its kubelet went down as the
     other migration walked it: a review's case)."""
     sim = Sim.cluster({"canary": 1, "general": 2})
-    _with_rival(sim)
+    with_rival(sim)
     if pod_left:
         for _ in range(3):
             sim.tick()
@@ -160,28 +195,14 @@ def test_a_down_node_the_source_does_not_run_on_excuses_nothing(pod_left: bool) 
 def test_a_status_one_event_behind_the_pods_does_not_settle() -> None:
     """general-2's kubelet is down; general-1's old pod has gone and its new one is not made
     yet, while the DaemonSet's status still counts the old one (two watches, two paces)."""
-    sim = Sim.cluster({"canary": 1, "general": 2})
-    obs = sim.observe(policy="to-nft")
-    ds = copy.deepcopy(obs.source_daemon_set)
-    ds["status"] = {
-        "observedGeneration": ds["metadata"]["generation"],
-        "desiredNumberScheduled": 3,
-        "currentNumberScheduled": 3,
-        "numberReady": 2,
-        "numberUnavailable": 1,
-        "updatedNumberScheduled": 1,
-    }
-    obs = replace(
-        obs,
-        nodes=tuple(replace(n, ready=n.name != "general-2") for n in obs.nodes),
-        pods=tuple(
-            replace(p, ready=False) if p.node == "general-2" else p
-            for p in obs.pods
-            if p.node != "general-1"
-        ),
-        source_daemon_set=ds,
+    look, ds = _status_behind(
+        Sim.cluster({"canary": 1, "general": 2}),
+        lambda n: replace(n, ready=n.name != "general-2"),
+        lambda p: replace(p, ready=False) if p.node == "general-2" else p,
+        numberReady=2,
+        numberUnavailable=1,
+        updatedNumberScheduled=1,
     )
-    look = Look(make_policy(), obs)
     assert down_nodes(look, ds) == ["general-2"]
     assert not source_settled(look, ds)
 
@@ -191,34 +212,20 @@ def test_a_rival_s_stuck_pod_does_not_cover_a_node_between_pods() -> None:
     source pod stuck Terminating there; general-1 is between its old pod and its new one,
     the status an event behind. The stuck pod covers nothing (a review's case)."""
     sim = Sim.cluster({"canary": 1, "general": 3})
-    _with_rival(sim)
+    with_rival(sim)
     sim.tick()
-    obs = sim.observe(policy="to-nft")
-    ds = copy.deepcopy(obs.source_daemon_set)
-    ds["status"] = {
-        "observedGeneration": ds["metadata"]["generation"],
-        "desiredNumberScheduled": 3,
-        "currentNumberScheduled": 3,
-        "numberReady": 3,
-        "numberUnavailable": 0,
-        "updatedNumberScheduled": 3,
-    }
-    obs = replace(
-        obs,
-        nodes=tuple(
+    look, ds = _status_behind(
+        sim,
+        lambda n: (
             replace(n, ready=False, labels={**n.labels, MODE_LABEL: "ipvs"})
             if n.name == "canary-1"
             else n
-            for n in obs.nodes
         ),
-        pods=tuple(
-            replace(p, ready=False, terminating=True) if p.node == "canary-1" else p
-            for p in obs.pods
-            if p.node != "general-1"
-        ),
-        source_daemon_set=ds,
+        lambda p: replace(p, ready=False, terminating=True) if p.node == "canary-1" else p,
+        numberReady=3,
+        numberUnavailable=0,
+        updatedNumberScheduled=3,
     )
-    look = Look(make_policy(), obs)
     assert down_nodes(look, ds) == []
     assert not source_settled(look, ds)
 
@@ -229,20 +236,8 @@ def test_a_node_handed_back_then_down_waits_on_its_label_for_its_restart() -> No
     through switching cannot stop a pod on a down node: the node stayed at switching,
     without any kube-proxy once its kubelet was back (a review's reproducer). It now waits
     on its label, says why, and restarts the pod when the kubelet is back."""
-    sim = Sim.cluster({"canary": 2, "general": 4})
-    run = Run(sim, make_policy())
-    run.until(lambda p: p.status.phase == Phase.FINALIZING)
-
-    def handed(p: ProxyModePolicy) -> list[str]:
-        moving = {m.node for m in p.status.moves}
-        return [
-            q.node
-            for q in sim.pods
-            if q.owner == "kube-proxy" and q.mode == "nftables" and q.ready and q.node not in moving
-        ]
-
-    run.until(lambda p: bool(handed(p)))
-    node = handed(run.policy)[0]
+    sim, run = _handed_back_in_finalizing()
+    node = _handed(sim, run.policy)[0]
     sim.down.add(node)
     sim.action = "abort"
     run.until(lambda p: "waiting for its kubelet" in p.status.message, limit=200)
@@ -318,17 +313,7 @@ def test_an_unrecorded_node_whose_kubelet_is_down_is_waited_for() -> None:
     """canary-3 was labelled by this run, then a status write was lost (a stray), then its
     kubelet went down: the rollback ended RolledBack with its label left, and once the
     kubelet was back the node stayed at switching without a kube-proxy (a review)."""
-    sim = Sim.cluster({"canary": 2, "general": 2})
-    for node in sim.nodes.values():
-        node.labels["team"] = "a"
-    run = Run(sim, make_policy(maxUnavailable=3, nodeSelector={"matchLabels": {"team": "a"}}))
-    run.until(lambda p: p.status.phase == Phase.ANALYZING)
-    sim.add_node("canary-3", "canary")
-    sim.nodes["canary-3"].labels["team"] = "a"
-    sim.tick()
-    sim.tick()
-    run.checking = False
-    run.step(lose_status=True)
+    sim, run = stray_canary_3()
     assert sim.nodes["canary-3"].labels.get(MODE_LABEL) == "switching"
     sim.down.add("canary-3")
     sim.action = "abort"
@@ -351,19 +336,7 @@ def test_pods_that_read_the_target_mode_restart_beside_a_node_waiting_for_its_ku
     """Finalizing handed some nodes back (their source pods run nftables); a node still at
     the target loses its kubelet; abort. The handed-back nodes restart in the source mode
     while that node waits: "every other node is back" only once they have (a review)."""
-    sim = Sim.cluster({"canary": 2, "general": 4})
-    run = Run(sim, make_policy())
-    run.until(lambda p: p.status.phase == Phase.FINALIZING)
-
-    def handed() -> list[str]:
-        moving = {m.node for m in run.policy.status.moves}
-        return [
-            q.node
-            for q in sim.pods
-            if q.owner == "kube-proxy" and q.mode == "nftables" and q.ready and q.node not in moving
-        ]
-
-    run.until(lambda p: bool(handed()))
+    sim, run = _handed_back_in_finalizing()
     moving = {m.node for m in run.policy.status.moves}
     at_target = sorted(
         n

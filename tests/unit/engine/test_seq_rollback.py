@@ -11,7 +11,6 @@ import json
 from datetime import timedelta
 
 from proxymode.api.models import Phase
-from proxymode.engine.objects import DEFAULT_STRATEGY, STRATEGY_ANNOTATION
 from proxymode.engine.observed import MODE_LABEL
 from tests.unit.engine.seq import (
     Run,
@@ -20,6 +19,7 @@ from tests.unit.engine.seq import (
     nodes_labelled,
     phase_is,
     terminal,
+    with_rival,
 )
 from tests.unit.engine.sim import Sim
 
@@ -223,15 +223,7 @@ def test_the_source_patch_and_restore_keep_another_policys_exclusion() -> None:
     source. This policy's snapshot, source patch and restore keep that exclusion: the source
     kube-proxy never comes back onto canary-1, next to the rival's proxy."""
     sim = Sim.cluster({"canary": 1, "general": 2})
-    rival = {"key": MODE_LABEL, "operator": "NotIn", "values": ["ipvs", "switching"]}
-    required = {"nodeSelectorTerms": [{"matchExpressions": [rival]}]}
-    ds = sim.get("DaemonSet", "kube-proxy")
-    ds["spec"]["template"]["spec"]["affinity"] = {
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
-    }
-    ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
-    ds["metadata"]["annotations"] = {STRATEGY_ANNOTATION: json.dumps(DEFAULT_STRATEGY)}
-    sim._store(ds)
+    rival = with_rival(sim)
     sim.nodes["canary-1"].labels[MODE_LABEL] = "ipvs"
     for _ in range(3):
         sim.tick()

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from proxymode.api.models import Phase
 from proxymode.engine.observed import MODE_LABEL
-from tests.unit.engine.seq import THREE_STAGES, Run, make_policy, nodes_labelled, phase_is
+from tests.unit.engine.seq import (
+    THREE_STAGES,
+    Run,
+    make_policy,
+    nodes_labelled,
+    phase_is,
+    stray_canary_3,
+)
 from tests.unit.engine.sim import Sim
 
 END = (Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED)
@@ -35,17 +42,7 @@ def test_a_verification_job_that_never_finishes_does_not_stop_a_rollback() -> No
 
 
 def test_a_node_this_run_labelled_is_walked_back_after_it_left_the_selector() -> None:
-    sim = Sim.cluster({"canary": 2, "general": 2})
-    for node in sim.nodes.values():
-        node.labels["team"] = "a"
-    run = Run(sim, make_policy(maxUnavailable=3, nodeSelector={"matchLabels": {"team": "a"}}))
-    run.until(lambda p: p.status.phase == Phase.ANALYZING)
-    sim.add_node("canary-3", "canary")
-    sim.nodes["canary-3"].labels["team"] = "a"
-    sim.tick()
-    sim.tick()
-    run.checking = False  # the lost write leaves a label the stored status lacks
-    run.step(lose_status=True)
+    sim, run = stray_canary_3()  # the lost write leaves a label the stored status lacks
     assert nodes_labelled(sim, "switching") & {"canary-3"}, "the move started"
     del sim.nodes["canary-3"].labels["team"]  # a person relabels the node mid-run
     sim.action = "abort"
