@@ -10,6 +10,13 @@ doubling back-off after an exit under ``restartPolicy: Always``; ``Succeeded`` o
 ``Failed`` when a ``Never``/``OnFailure`` pod's process ends. A pod being deleted gets
 SIGTERM, SIGKILL after its grace period (at most ``MAX_GRACE``), and is then removed.
 
+The fault ``kubelet-down`` (the node's ``sandbox.proxymode.io/fault`` annotation) is a
+kubelet that stopped, as ``systemctl stop kubelet`` stops one: the node's status and Lease
+are no longer posted, so the node lifecycle controller marks it NotReady after its grace
+period; its containers keep running as they were, none is started, stopped or reported,
+and a deleted pod stays Terminating. Without the annotation the kubelet is back: it posts
+the node at once and reports, starts and stops its pods again.
+
 Back-off starts at 2 s and doubles up to 40 s (the kubelet's is 10 s to 5 min): the
 sandbox's crash loops must show within a test's patience, and the shape is the same.
 
@@ -49,6 +56,7 @@ REMOVE_WAIT = 10.0
 """How long a stopped container's `podman run --rm` gets to report its exit code."""
 LEASE_SECONDS, LEASE_RENEW, STATUS_EVERY, POLL = 40, 10.0, 30.0, 0.5
 FAULT_ANNOTATION = "sandbox.proxymode.io/fault"
+KUBELET_DOWN = "kubelet-down"
 
 
 def _now() -> str:
@@ -147,7 +155,11 @@ class Kubelet:
             self.last_lease = now
 
     def _posted(self) -> list[str]:
-        return [name for name in self.nodes if name not in self.gone]
+        return [name for name in self.nodes if name not in self.gone and not self._down(name)]
+
+    def _down(self, node: str) -> bool:
+        """The node's kubelet is stopped (the ``kubelet-down`` fault)."""
+        return self._fault(node) == KUBELET_DOWN
 
     def _for_node(self, name: str, post: Callable[[str], None]) -> None:
         """``post`` for one node; a 404 for the node itself means it was deleted. That node
@@ -231,6 +243,9 @@ class Kubelet:
         ``blackhole`` is a host firewall that disagrees with kube-proxy: an nftables table
         of the sandbox's own, hooked before NAT, drops everything sent to the Service range.
         ``crash`` makes the node's kube-proxy exit as it starts (``_start``).
+        ``kubelet-down`` stops this kubelet for the node (the module's docstring); when it
+        goes, the node is posted at once and every pod's status is reported again, as a
+        restarted kubelet does (the node lifecycle controller marked them not Ready).
         """
         for node in (n for informer in self.node_informers for n in informer.items()):
             name = node["metadata"]["name"]
@@ -241,6 +256,14 @@ class Kubelet:
             self.faults[name] = fault
             if (fault == "blackhole") != (was == "blackhole"):
                 set_blackhole(self.nodes[name].netns, on=fault == "blackhole")
+            if was == KUBELET_DOWN and fault != KUBELET_DOWN:
+                print(f"sandbox kubelet: {name}: kubelet back", flush=True)
+                self.last_status = self.last_lease = 0.0
+                for run in self.pods.values():
+                    if run.node.name == name:
+                        run.reported = ""
+            elif fault == KUBELET_DOWN and was != KUBELET_DOWN:
+                print(f"sandbox kubelet: {name}: kubelet down (fault)", flush=True)
 
     # -- pods --
 
@@ -254,6 +277,8 @@ class Kubelet:
                 continue
             uid = pod["metadata"]["uid"]
             seen.add(uid)
+            if self._down(node.name):
+                continue  # nothing is started, stopped or reported there
             run = self.pods.get(uid)
             if run is None:
                 if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
@@ -274,7 +299,7 @@ class Kubelet:
             self._step(run, pod)
             self._report(run, pod)
         for uid in list(self.pods):
-            if uid not in seen:
+            if uid not in seen and not self._down(self.pods[uid].node.name):
                 self._stop(self.pods.pop(uid), 0.0)
 
     def _step(self, run: PodRun, pod: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ from kubernetes import client, config
 
 from proxymode_sandbox import Sandbox, SandboxConfig, evidence, netns, process
 from proxymode_sandbox.services import ECHO_CLUSTER_IP
-from tests.sandbox.harness import PodStarts, Policies, eventually
+from tests.sandbox.harness import PodStarts, Policies, eventually, node_modes
 from tests.sandbox.reach import MoveClock
 
 pytestmark = [pytest.mark.sandbox]
@@ -304,6 +304,70 @@ def test_a_blackholed_real_node_fails_verification_and_the_policy_rolls_back_nam
         assert events.strip(), "no NodeNotVerified Event"
         for node in ("general-1", "general-2"):  # never moved
             assert nft_services(real, node) is None, node
+    finally:
+        real.kubectl("annotate", "node", "canary-1", f"{fault}-", check=False)
+        policies.delete_all()
+        real.stop_operator()
+    _assert_iptables_everywhere(real)
+
+
+def _ready(core: client.CoreV1Api, node: str) -> str:
+    conditions = core.read_node(node).status.conditions or []
+    return next((str(c.status) for c in conditions if c.type == "Ready"), "")
+
+
+def test_a_rollback_waits_for_a_stopped_kubelet_and_ends_once_it_is_back(
+    real: Sandbox, real_api: client.ApiClient
+) -> None:
+    """Decision 0120 on a real node: the canary, in nftables, loses its kubelet (the
+    ``kubelet-down`` fault: the kubelet stops; its kube-proxy keeps running). An abort then
+    must not walk it to ``switching``, where its target pod could not stop and no proxy
+    would run once the kubelet is back: the rollback waits, names the node and its
+    kubelet, and the node keeps serving on its label. With the kubelet back it ends
+    RolledBack, iptables rules everywhere and the nftables table gone."""
+    core = client.CoreV1Api(real_api)
+    policies = Policies(real_api)
+    real.start_operator()
+    fault = "sandbox.proxymode.io/fault"
+    try:
+        canary = {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}}
+        stages = [canary, {"name": "all", "percent": 100}]
+        name = policies.create("kube-system", stages=[{**s, "bakeSeconds": 600} for s in stages])
+        policies.wait_phase(name, "Analyzing")
+        eventually(
+            lambda: nft_services(real, "canary-1") == SERVICES + 1,
+            timeout=60,
+            what="the canary's nftables rules",
+        )
+        real.kubectl("annotate", "node", "canary-1", f"{fault}=kubelet-down", "--overwrite")
+        # The node lifecycle controller's grace period (50 s) after the last Lease renewal.
+        eventually(
+            lambda: _ready(core, "canary-1") != "True",
+            timeout=120,
+            interval=1,
+            what="canary-1 NotReady after its kubelet stopped",
+        )
+        policies.act(name, "abort")
+        waiting = eventually(
+            lambda: (
+                (st := policies.status(name)).get("phase") == "RollingBack"
+                and "canary-1" in st.get("message", "")
+                and "kubelet" in st.get("message", "")
+                and st
+            ),
+            timeout=60,
+            what="the rollback to wait for canary-1's kubelet, and say so",
+        )
+        assert "every other node is back" in waiting["message"], waiting["message"]
+        assert node_modes(core)["canary-1"] == "nftables", "a down node was walked"
+        # Its kube-proxy still runs with its rules: the node still answers.
+        assert curl_echo(real, "canary-1").startswith("echo-")
+        assert nft_services(real, "canary-1") == SERVICES + 1
+
+        real.kubectl("annotate", "node", "canary-1", f"{fault}-")
+        status = policies.wait_phase(name, "RolledBack", "Failed", timeout=180)
+        assert status["phase"] == "RolledBack", status.get("message")
+        assert all(mode is None for mode in node_modes(core).values()), node_modes(core)
     finally:
         real.kubectl("annotate", "node", "canary-1", f"{fault}-", check=False)
         policies.delete_all()
