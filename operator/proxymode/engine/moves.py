@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from proxymode.api.models import Move, MoveDirection, NodeVerification, Phase
+from proxymode.api.models import Move, MoveDirection, NodeVerification
 from proxymode.api.reasons import RollbackReason
 from proxymode.engine import jobs, verify
 from proxymode.engine.actions import Action, CreateJob, DeleteObject, SetNodeMode
@@ -58,8 +58,6 @@ class MoveContext:
     source_mode: str = "iptables"
     verify: verify.Settings | None = None
     """How to verify a node once its new kube-proxy is Ready; None: Ready is enough."""
-    hold_down: bool = False
-    """A rollback: a move back whose node's kubelet is not Ready waits (``_hold``)."""
 
     @property
     def switch_deadline(self) -> int:
@@ -109,7 +107,7 @@ def step(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
     if node is None:
         result.done = True  # the node left the cluster: nothing to move
         return result
-    if ctx.hold_down and move.direction == MoveDirection.BACK and not node.ready:
+    if not node.ready:
         _hold(move, observed, ctx)
         return result
     label = node.mode_label
@@ -125,15 +123,17 @@ def step(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
 
 
 def _hold(move: Move, observed: Observed, ctx: MoveContext) -> None:
-    """A move back whose node's kubelet is not Ready waits where it is: no pod can stop or
-    start there, so walking on (to switching, or failing at the deadline there) would
-    leave the node without any kube-proxy once the kubelet is back (a review). It still
-    counts against the budget of the other moves back: once the kubelet is back it walks
-    on without asking again, and a node the operator died before labelling still runs its
-    proxy (a review found two live nodes between proxies when it did not). Its clock
-    is kept from running out: past three quarters of the switch deadline it is set back to
-    one quarter, so the move has at least a quarter of it left once the kubelet is back,
-    and the status is rewritten about every half deadline, no more."""
+    """A move whose node's kubelet is not Ready waits where it is, whichever way it goes:
+    no pod can stop or start there, so walking on (to switching, or failing at the
+    deadline there) would leave the node without any kube-proxy once the kubelet is back
+    (a review), and a forward move failing there rolled the whole migration back for a
+    node outage that is not the new mode's doing (decision 0120). It still counts against
+    the budget of the other moves: once the kubelet is back it walks on without asking
+    again, and a node the operator died before labelling still runs its proxy (a review
+    found two live nodes between proxies when it did not). Its clock is kept from
+    running out: past three quarters of the switch deadline it is set back to one
+    quarter, and the status is rewritten about every half deadline, no more; once the
+    kubelet is back, the move's clocks count from then (``_since``)."""
     deadline = ctx.switch_deadline
     if (observed.now - move.since).total_seconds() > deadline * 0.75:
         move.since = observed.now - timedelta(seconds=deadline * 0.25)
@@ -143,7 +143,7 @@ def _from_switching(
     move: Move, observed: Observed, ctx: MoveContext, final: str | None, cleanup: bool
 ) -> MoveStep:
     result = MoveStep()
-    waited = (observed.now - move.since).total_seconds()
+    waited = (observed.now - _since(move, observed)).total_seconds()
     late = waited > ctx.switch_deadline
     if pods := observed.pods_on(move.node):
         if late:  # the old kube-proxy is still terminating: never two at once
@@ -163,7 +163,7 @@ def _cleaned(
     move: Move, observed: Observed, ctx: MoveContext, result: MoveStep, late: bool
 ) -> bool:
     """Step the node's cleanup Job; True once it has succeeded (and is asked to go)."""
-    waited = (observed.now - move.since).total_seconds()
+    waited = (observed.now - _since(move, observed)).total_seconds()
     job = observed.job_on(move.node)
     if job is not None and _stale(job, move):
         result.actions.append(DeleteObject("batch/v1", "Job", ctx.namespace, job.name))
@@ -247,10 +247,12 @@ def _arriving(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
     # The readiness clock starts when the new pod appears, not at the move's start: the old
     # pod's termination (and the cleanup) have their own deadline, at switching.
     born = [p.created for p in pods if p.created is not None]
+    back = _kubelet_back(move.node, observed)
     if born:
-        waited, limit = (observed.now - max(born)).total_seconds(), ctx.ready_timeout_seconds
+        start = max(born) if back is None else max(*born, back)
+        waited, limit = (observed.now - start).total_seconds(), ctx.ready_timeout_seconds
     else:
-        waited = (observed.now - move.since).total_seconds()
+        waited = (observed.now - _since(move, observed)).total_seconds()
         limit = ctx.switch_deadline + ctx.ready_timeout_seconds
     if waited > limit:
         what = f"pod {pods[0].name}" if pods else "no pod was created"
@@ -259,6 +261,18 @@ def _arriving(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
             f" ({what}; limit {limit}s)"
         )
     return result
+
+
+def _kubelet_back(node: str, observed: Observed) -> datetime | None:
+    view = observed.node(node)
+    return None if view is None else view.ready_since
+
+
+def _since(move: Move, observed: Observed) -> datetime:
+    """When the move's clock started: its start, or its node's kubelet coming back after
+    that (no pod stops or starts while it is down; ``_hold``)."""
+    back = _kubelet_back(move.node, observed)
+    return move.since if back is None else max(move.since, back)
 
 
 def done(look: Look, names: Sequence[str]) -> list[str]:
@@ -302,7 +316,6 @@ def context(look: Look) -> MoveContext:
         grace_seconds=_grace(look.obs.source_daemon_set),
         source_mode=verify.source_running_mode(look, source_mode),
         verify=verify.settings(look),
-        hold_down=look.status.phase == Phase.ROLLING_BACK,
     )
 
 
@@ -388,8 +401,8 @@ def start_moves(
         down = switching | moving
     limit = budget(look)
     for node in candidates:
-        if node in moving or look.obs.node(node) is None:
-            continue
+        if node in moving or look.obs.node(node) is None or look.obs.kubelet_down(node):
+            continue  # a down kubelet: no pod would stop or start there (``_hold``)
         if len(down) >= limit:
             return sorted(down - {m.node for m in look.status.moves})
         look.status.moves.append(start(node, direction, look.now))

@@ -9,15 +9,23 @@ from __future__ import annotations
 
 from proxymode.api.models import StagePhase
 from proxymode.engine.look import Look
+from proxymode.engine.stages import named
 
 
 def health_failure(look: Look) -> str | None:
-    """A moved node whose target kube-proxy restarts or stays not Ready."""
+    """A moved node whose target kube-proxy restarts or stays not Ready.
+
+    Not a node whose kubelet is not Ready: its pods read not Ready because the node
+    lifecycle controller marked them so, not because kube-proxy said so; what runs there
+    is unknown until the kubelet is back (``kubelets_waited``: the stage waits for it and
+    says why). From its return the pod gets the ready timeout again."""
     timeout = look.spec.ready_timeout_seconds
     moving = {m.node for m in look.status.moves}
     for name in look.planned():
         node = look.obs.node(name)
         if node is None or node.mode_label != look.target_mode or name in moving:
+            continue
+        if not node.ready:
             continue
         for pod in look.obs.pods_on(name):
             where = f"kube-proxy pod {pod.name} on node {name}"
@@ -29,10 +37,27 @@ def health_failure(look: Look) -> str | None:
             # Timed from when it stopped being Ready (or started, if it never was): one
             # failed probe on a pod Ready for an hour is not an hour of not being Ready.
             since = pod.ready_changed or pod.created
+            if since is not None and node.ready_since is not None:
+                since = max(since, node.ready_since)
             age = (look.now - since).total_seconds() if since else 0.0
             if age > timeout:
                 return f"{where} has not been Ready for {age:.0f}s (limit {timeout}s)"
     return None
+
+
+def kubelets_waited(look: Look, names: list[str]) -> str:
+    """``; the kubelet of node a is not Ready: ...``, for the nodes of ``names`` the walk
+    waits on because their kubelet is down (no move starts there, one in flight holds, a
+    moved one is not counted moved), or empty."""
+    down = [n for n in names if look.obs.kubelet_down(n)]
+    if not down:
+        return ""
+    one = len(down) == 1
+    return (
+        f"; the kubelet{'' if one else 's'} of {named(down)} {'is' if one else 'are'} not"
+        f" Ready: no pod stops or starts there, so {'its' if one else 'their'} move waits"
+        f" until {'it is' if one else 'they are'} back (or the Node is deleted)"
+    )
 
 
 def forward_todo(look: Look, started_only: bool = True) -> list[str]:

@@ -46,6 +46,10 @@ class NodeView:
     kubelet_version: str = ""
     zone: str = ""
     deleting: bool = False
+    ready_since: datetime | None = None
+    """When the Ready condition last turned True (None: not Ready, or not said). A move's
+    clocks start again there: a kubelet that was down gets its time to stop and start
+    pods once it is back, not a deadline that ran out while it was away."""
 
     @property
     def mode_label(self) -> str | None:

@@ -95,6 +95,17 @@ def _ready(obj: Object) -> bool:
     )
 
 
+def _ready_since(obj: Object) -> datetime | None:
+    return next(
+        (
+            _time(c.get("lastTransitionTime"))
+            for c in (obj.get("status") or {}).get("conditions") or []
+            if c.get("type") == "Ready" and c.get("status") == "True"
+        ),
+        None,
+    )
+
+
 def node_view(node: Object) -> NodeView:
     meta = node["metadata"]
     info = (node.get("status") or {}).get("nodeInfo") or {}
@@ -109,6 +120,7 @@ def node_view(node: Object) -> NodeView:
         kubelet_version=info.get("kubeletVersion", ""),
         zone=labels.get(ZONE_LABEL, ""),
         deleting=bool(meta.get("deletionTimestamp")),
+        ready_since=_ready_since(node),
     )
 
 

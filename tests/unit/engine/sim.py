@@ -139,6 +139,10 @@ class Sim:
     down: set[str] = field(default_factory=set)
     """Nodes whose kubelet is not Ready (powered off, cut off): the node reads NotReady, its
     pods are not Ready (the node lifecycle controller marks them), none starts or goes."""
+    back: dict[str, datetime] = field(default_factory=dict)
+    """When each node that was in ``down`` was first seen out of it: its Ready condition's
+    ``lastTransitionTime`` (``NodeView.ready_since``)."""
+    _was_down: set[str] = field(default_factory=set)
     broken: set[str] = field(default_factory=set)
     """Nodes whose kube-proxy pods, of either DaemonSet, crash-loop."""
     server_defaults: dict[str, Any] = field(default_factory=dict)
@@ -211,7 +215,16 @@ class Sim:
 
     # -- the controllers --------------------------------------------------------------------
 
+    def _note_kubelets(self) -> None:
+        """A node out of ``down`` since the last note came back now."""
+        for name in self._was_down - self.down:
+            self.back[name] = self.now
+        for name in self.down:
+            self.back.pop(name, None)
+        self._was_down = set(self.down)
+
     def tick(self, seconds: float = 5.0) -> None:
+        self._note_kubelets()
         self.now += timedelta(seconds=seconds)
         for pod in self.pods:
             pod.age += 1
@@ -445,6 +458,7 @@ class Sim:
             ),
             None,
         )
+        self._note_kubelets()
         nodes = tuple(
             NodeView(
                 n.name,
@@ -455,6 +469,7 @@ class Sim:
                 "containerd",
                 "v1.37.2",
                 n.zone,
+                ready_since=self.back.get(n.name),
             )
             for n in self.nodes.values()
         )

@@ -18,7 +18,7 @@ import pytest
 
 from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.engine.look import Look
-from proxymode.engine.observed import MODE_LABEL, NodeView, Object, ProxyPod
+from proxymode.engine.observed import MODE_LABEL, SWITCHING, NodeView, Object, ProxyPod
 from proxymode.engine.settle import down_nodes, source_settled
 from tests.unit.engine.seq import (
     THREE_STAGES,
@@ -440,3 +440,94 @@ def test_a_move_back_whose_kubelet_goes_down_waits_and_the_others_go_back(looks:
     run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED))
     assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
     run.assert_restored()
+
+
+# -- the walk forward (Progressing, Analyzing, mixed mode) ------------------------------------
+
+
+def _switching(sim: Sim, p: ProxyModePolicy) -> str | None:
+    return next(
+        (m.node for m in p.status.moves if sim.nodes[m.node].labels.get(MODE_LABEL) == SWITCHING),
+        None,
+    )
+
+
+@pytest.mark.parametrize("looks", [1, 200])
+def test_a_forward_move_whose_kubelet_goes_down_waits_and_the_walk_goes_on_once_back(
+    looks: int,
+) -> None:
+    """A node's move forward is at switching, its old pod Terminating, when its kubelet
+    goes down. The move used to fail at its deadline and roll the whole migration back
+    (KubeProxyUnhealthy) for an outage that is not the new mode's doing; once the kubelet
+    was back the node sat at switching until the rollback reached it. It now waits where it
+    is, says why, and the walk ends Completed once the kubelet is back, however long it
+    was away (200 looks are far past the switch and ready deadlines)."""
+    sim = Sim.cluster({"canary": 1, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=2))
+    run.until(lambda p: p.status.current_stage == 1 and _switching(sim, p) is not None)
+    node = _switching(sim, run.policy)
+    assert node is not None
+    sim.down.add(node)
+    for _ in range(looks):
+        run.step()
+        assert run.policy.status.phase in (Phase.PROGRESSING, Phase.ANALYZING)
+    status = run.policy.status
+    assert f"the kubelet of node {node} is not Ready" in status.message, status.message
+    assert sim.nodes[node].labels.get(MODE_LABEL) == SWITCHING
+    sim.down.clear()
+    run.until(phase_is(Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED, Phase.PAUSED))
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+    assert not run.events("RollbackStarted")
+
+
+def test_no_move_starts_on_a_node_whose_kubelet_is_down_and_the_stage_waits_for_it() -> None:
+    """general-4's kubelet is down before its stage starts. Its move used to start all the
+    same: the source pod, deleted, stayed Terminating; the move failed at its deadline and
+    the migration rolled back. Now no move starts there; the others move within the budget
+    (the down node holds one place of it: its kube-proxy is not Ready) and the stage says
+    which kubelet it waits for; once back, the node moves and the run completes."""
+    sim = Sim.cluster({"canary": 1, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=2))
+    sim.down.add("general-4")
+    run.until(
+        lambda p: (
+            p.status.current_stage == 2
+            and p.status.phase == Phase.PROGRESSING
+            and not p.status.moves
+            and "general-4" in p.status.message
+        ),
+        limit=300,
+    )
+    for _ in range(100):
+        run.step()
+        assert sim.nodes["general-4"].labels.get(MODE_LABEL) is None, "a move started"
+        assert run.policy.status.phase == Phase.PROGRESSING, run.policy.status.message
+    message = run.policy.status.message
+    assert "the kubelet of node general-4 is not Ready" in message, message
+    assert message.startswith("stage all: 1/2 nodes moved"), message
+    sim.down.clear()
+    run.until(phase_is(Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED, Phase.PAUSED))
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+
+
+def test_a_moved_node_whose_kubelet_goes_down_is_no_kube_proxy_failure() -> None:
+    """The canary runs nftables and bakes when its kubelet goes down: the node lifecycle
+    controller marks its pod not Ready. That used to read as the new kube-proxy not Ready
+    past readyTimeoutSeconds, a KubeProxyUnhealthy rollback of the whole migration for a
+    node outage. The stage now waits for the kubelet and says so; once it is back (its pod
+    Ready again) the stage bakes and the run completes. The ready timeout counts from the
+    kubelet's return: an outage longer than it is no failure either."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    stages = [{**s, "bakeSeconds": 30} for s in THREE_STAGES]
+    run = Run(sim, make_policy(stages=stages, readyTimeoutSeconds=30))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    sim.down.add("canary-1")
+    for _ in range(60):  # 5 s a look: ten times readyTimeoutSeconds
+        run.step()
+        assert run.policy.status.phase in (Phase.PROGRESSING, Phase.ANALYZING)
+    assert "the kubelet of node canary-1 is not Ready" in run.policy.status.message
+    assert run.policy.status.current_stage == 0, "a stage with a node unseen completed"
+    sim.down.clear()
+    run.until(phase_is(Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED, Phase.PAUSED))
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+    assert not run.events("RollbackStarted")

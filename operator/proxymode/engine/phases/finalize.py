@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from proxymode.api.models import MoveDirection, Phase, SourceTemplate
 from proxymode.api.reasons import EventReason, FailureReason, PauseReason
-from proxymode.engine import moves, objects, target_roll
+from proxymode.engine import moves, node_checks, objects, target_roll
 from proxymode.engine.look import Look
 from proxymode.engine.observed import Object
 from proxymode.engine.restore import delete_target_pair, patch_config_data, restore_source_spec
@@ -72,8 +72,10 @@ def _hand_back(lk: Look, labelled: list[str]) -> None:
         return
     lk.moves_held = target_roll.rolling(lk, until_ready=True)
     moves.start_moves(lk, labelled, MoveDirection.HANDBACK)
-    lk.status.message = f"handing {nodes(len(labelled))} back to the source DaemonSet" + (
-        f"; no new hand-back starts: {lk.moves_held}" if lk.moves_held else ""
+    lk.status.message = (
+        f"handing {nodes(len(labelled))} back to the source DaemonSet"
+        + (f"; no new hand-back starts: {lk.moves_held}" if lk.moves_held else "")
+        + node_checks.kubelets_waited(lk, labelled)
     )
     lk.requeue = 2
 

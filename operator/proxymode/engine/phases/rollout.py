@@ -54,6 +54,10 @@ def look(lk: Look) -> Phase | None:
             EventReason.STAGE_PROGRESSING,
             f"stage {stage.name}: {len(done)}/{len(stage.nodes)} nodes moved",
         )
+        waiting = set(done)
+        lk.status.message = f"{lk.status.message or ''}" + node_checks.kubelets_waited(
+            lk, [n for n in stage.nodes if n not in waiting]
+        )
         if lk.moves_held:
             lk.status.message = (
                 f"{lk.status.message or ''}; no new node move starts: {lk.moves_held}"

@@ -42,7 +42,7 @@ def _keep_mixed_mode(lk: Look) -> None:
         lk.status.message = (
             f"{nodes(done)} run {lk.spec.target_mode}; the others stay on"
             f" {lk.status.source_mode}, both DaemonSets kept (mixed mode)"
-        )
+        ) + node_checks.kubelets_waited(lk, node_checks.forward_todo(lk, started_only=False))
 
 
 def _drop_backup(lk: Look) -> None:
