@@ -316,15 +316,19 @@ def _ready(core: client.CoreV1Api, node: str) -> str:
     return next((str(c.status) for c in conditions if c.type == "Ready"), "")
 
 
-def test_a_rollback_waits_for_a_stopped_kubelet_and_ends_once_it_is_back(
+def test_a_stopped_kubelet_holds_the_walk_and_a_rollback_until_it_is_back(
     real: Sandbox, real_api: client.ApiClient
 ) -> None:
     """Decision 0120 on a real node: the canary, in nftables, loses its kubelet (the
-    ``kubelet-down`` fault: the kubelet stops; its kube-proxy keeps running). An abort then
-    must not walk it to ``switching``, where its target pod could not stop and no proxy
-    would run once the kubelet is back: the rollback waits, names the node and its
-    kubelet, and the node keeps serving on its label. With the kubelet back it ends
-    RolledBack, iptables rules everywhere and the nftables table gone."""
+    ``kubelet-down`` fault: the kubelet stops; its kube-proxy keeps running).
+
+    - Its pods read not Ready (the node lifecycle controller's doing): that is no kube-proxy
+      failure, even past ``readyTimeoutSeconds``; the stage waits and names the kubelet.
+    - An abort then must not walk it to ``switching``, where its target pod could not stop
+      and no proxy would run once the kubelet is back: the rollback waits, names the node
+      and its kubelet, and the node keeps serving on its label.
+    - With the kubelet back it ends RolledBack, iptables rules everywhere and the nftables
+      table gone."""
     core = client.CoreV1Api(real_api)
     policies = Policies(real_api)
     real.start_operator()
@@ -332,7 +336,11 @@ def test_a_rollback_waits_for_a_stopped_kubelet_and_ends_once_it_is_back(
     try:
         canary = {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}}
         stages = [canary, {"name": "all", "percent": 100}]
-        name = policies.create("kube-system", stages=[{**s, "bakeSeconds": 600} for s in stages])
+        name = policies.create(
+            "kube-system",
+            stages=[{**s, "bakeSeconds": 600} for s in stages],
+            readyTimeoutSeconds=15,
+        )
         policies.wait_phase(name, "Analyzing")
         eventually(
             lambda: nft_services(real, "canary-1") == SERVICES + 1,
@@ -347,6 +355,20 @@ def test_a_rollback_waits_for_a_stopped_kubelet_and_ends_once_it_is_back(
             interval=1,
             what="canary-1 NotReady after its kubelet stopped",
         )
+        eventually(
+            lambda: (
+                "the kubelet of node canary-1 is not Ready"
+                in policies.status(name).get("message", "")
+            ),
+            timeout=60,
+            what="the stage to wait for canary-1's kubelet, and say so",
+        )
+        # Past readyTimeoutSeconds (15 s) with the canary's pod not Ready: no rollback.
+        quiet_until = time.monotonic() + 25
+        while time.monotonic() < quiet_until:
+            status = policies.status(name)
+            assert status.get("phase") in ("Progressing", "Analyzing"), status.get("message")
+            time.sleep(1)
         policies.act(name, "abort")
         waiting = eventually(
             lambda: (
