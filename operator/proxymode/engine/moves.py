@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from proxymode.api.models import Move, MoveDirection, NodeVerification
 from proxymode.api.reasons import RollbackReason
-from proxymode.engine import jobs, verify
+from proxymode.engine import jobs, kubelet_wait, verify
 from proxymode.engine.actions import Action, CreateJob, DeleteObject, SetNodeMode
 from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, CleanupJobView, Object, Observed, ProxyKind
@@ -108,7 +108,7 @@ def step(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
         result.done = True  # the node left the cluster: nothing to move
         return result
     if not node.ready:
-        _hold(move, observed, ctx)
+        kubelet_wait.hold(move, observed.now, ctx.switch_deadline)
         return result
     label = node.mode_label
     final = final_label(move.direction, ctx.target_mode)
@@ -122,28 +122,11 @@ def step(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
     return result
 
 
-def _hold(move: Move, observed: Observed, ctx: MoveContext) -> None:
-    """A move whose node's kubelet is not Ready waits where it is, whichever way it goes:
-    no pod can stop or start there, so walking on (to switching, or failing at the
-    deadline there) would leave the node without any kube-proxy once the kubelet is back
-    (a review), and a forward move failing there rolled the whole migration back for a
-    node outage that is not the new mode's doing (decision 0120). It still counts against
-    the budget of the other moves: once the kubelet is back it walks on without asking
-    again, and a node the operator died before labelling still runs its proxy (a review
-    found two live nodes between proxies when it did not). Its clock is kept from
-    running out: past three quarters of the switch deadline it is set back to one
-    quarter, and the status is rewritten about every half deadline, no more; once the
-    kubelet is back, the move's clocks count from then (``_since``)."""
-    deadline = ctx.switch_deadline
-    if (observed.now - move.since).total_seconds() > deadline * 0.75:
-        move.since = observed.now - timedelta(seconds=deadline * 0.25)
-
-
 def _from_switching(
     move: Move, observed: Observed, ctx: MoveContext, final: str | None, cleanup: bool
 ) -> MoveStep:
     result = MoveStep()
-    waited = (observed.now - _since(move, observed)).total_seconds()
+    waited = (observed.now - kubelet_wait.since(move, observed)).total_seconds()
     late = waited > ctx.switch_deadline
     if pods := observed.pods_on(move.node):
         if late:  # the old kube-proxy is still terminating: never two at once
@@ -163,11 +146,15 @@ def _cleaned(
     move: Move, observed: Observed, ctx: MoveContext, result: MoveStep, late: bool
 ) -> bool:
     """Step the node's cleanup Job; True once it has succeeded (and is asked to go)."""
-    waited = (observed.now - _since(move, observed)).total_seconds()
+    waited = (observed.now - kubelet_wait.since(move, observed)).total_seconds()
     job = observed.job_on(move.node)
-    if job is not None and _stale(job, move):
+    outlived = job is not None and kubelet_wait.outlived(job.created, move.node, observed)
+    if job is not None and (_stale(job, move) or (job.failed and outlived)):
+        # A leftover of an earlier move, or one whose deadline ran out while the node's
+        # kubelet was down (no pod of it could run: not the node's answer): run a fresh one
+        # once it is gone.
         result.actions.append(DeleteObject("batch/v1", "Job", ctx.namespace, job.name))
-        return False  # a leftover of an earlier move: run a fresh one once it is gone
+        return False
     if job is None:
         if ctx.source_daemon_set is None:
             result.failure = (
@@ -213,11 +200,14 @@ def _arriving(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
     pods = [
         p for p in observed.pods_on(move.node, arrived_kind(move.direction)) if not p.terminating
     ]
+    back = kubelet_wait.back(move.node, observed)
     if pods and all(p.ready for p in pods):
         if ctx.verify is None:
             result.done = True
             return result
-        born = [p.created for p in pods if p.created is not None]
+        # A verification Job made before the node's kubelet came back ran (or did not)
+        # while it was away: verify.step runs it again, as for a pod newer than it.
+        born = [p.created for p in pods if p.created is not None] + ([back] if back else [])
         outcome = verify.step(
             move.node,
             move.direction,
@@ -247,12 +237,11 @@ def _arriving(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
     # The readiness clock starts when the new pod appears, not at the move's start: the old
     # pod's termination (and the cleanup) have their own deadline, at switching.
     born = [p.created for p in pods if p.created is not None]
-    back = _kubelet_back(move.node, observed)
     if born:
         start = max(born) if back is None else max(*born, back)
         waited, limit = (observed.now - start).total_seconds(), ctx.ready_timeout_seconds
     else:
-        waited = (observed.now - _since(move, observed)).total_seconds()
+        waited = (observed.now - kubelet_wait.since(move, observed)).total_seconds()
         limit = ctx.switch_deadline + ctx.ready_timeout_seconds
     if waited > limit:
         what = f"pod {pods[0].name}" if pods else "no pod was created"
@@ -261,18 +250,6 @@ def _arriving(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
             f" ({what}; limit {limit}s)"
         )
     return result
-
-
-def _kubelet_back(node: str, observed: Observed) -> datetime | None:
-    view = observed.node(node)
-    return None if view is None else view.ready_since
-
-
-def _since(move: Move, observed: Observed) -> datetime:
-    """When the move's clock started: its start, or its node's kubelet coming back after
-    that (no pod stops or starts while it is down; ``_hold``)."""
-    back = _kubelet_back(move.node, observed)
-    return move.since if back is None else max(move.since, back)
 
 
 def done(look: Look, names: Sequence[str]) -> list[str]:
@@ -402,7 +379,7 @@ def start_moves(
     limit = budget(look)
     for node in candidates:
         if node in moving or look.obs.node(node) is None or look.obs.kubelet_down(node):
-            continue  # a down kubelet: no pod would stop or start there (``_hold``)
+            continue  # a down kubelet: no pod would stop or start there (``kubelet_wait.hold``)
         if len(down) >= limit:
             return sorted(down - {m.node for m in look.status.moves})
         look.status.moves.append(start(node, direction, look.now))

@@ -249,6 +249,13 @@ class Sim:
             if kind == "DaemonSet":
                 self._reconcile_daemon_set(ds)
         for job in self.jobs.values():
+            if job["node"] in self.down and not job["done"]:
+                # Its pod cannot run there; the Job controller still fails it at its deadline.
+                limit = job.get("deadline")
+                if limit is not None and (self.now - job["created"]).total_seconds() > limit:
+                    job["done"] = "failed"
+                    job["message"] = "DeadlineExceeded"
+                continue
             if job["age"] >= 1 and not job["done"] and job.get("kind") == JobKind.VERIFY:
                 self._verify(job)
             elif job["age"] >= 1 and not job["done"] and not self.hang_jobs:
@@ -563,6 +570,7 @@ class Sim:
             labels = action.job["metadata"].get("labels") or {}
             kind = JobKind(labels.get(JOB_KIND_LABEL, JobKind.CLEANUP))
             job = {"node": node, "age": 0, "done": None, "created": self.now, "kind": kind}
+            job["deadline"] = action.job["spec"].get("activeDeadlineSeconds")
             if kind == JobKind.VERIFY:
                 words = action.job["spec"]["template"]["spec"]["containers"][0]["command"]
                 flags = dict(w[2:].split("=", 1) for w in words if w.startswith("--"))

@@ -531,3 +531,39 @@ def test_a_moved_node_whose_kubelet_goes_down_is_no_kube_proxy_failure() -> None
     run.until(phase_is(Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED, Phase.PAUSED))
     assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
     assert not run.events("RollbackStarted")
+
+
+def _job_in_flight(sim: Sim, p: ProxyModePolicy, kind: str) -> str | None:
+    moving = {m.node for m in p.status.moves}
+    return next(
+        (
+            j["node"]
+            for j in sim.jobs.values()
+            if j["node"] in moving and not j["done"] and j.get("kind") == kind
+        ),
+        None,
+    )
+
+
+@pytest.mark.parametrize(("target", "kind"), [("ipvs", "cleanup"), ("nftables", "verify")])
+def test_a_job_that_ran_out_while_the_kubelet_was_down_runs_again(target: str, kind: str) -> None:
+    """A move's cleanup Job (iptables -> ipvs) or verification Job is made; then the node's
+    kubelet goes down for longer than the Job's deadline, and the Job controller fails it
+    (its pod could not run). That is not the node's answer: once the kubelet is back the Job
+    runs again, and the walk completes (it used to fail the move and roll everything back)."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    run = Run(sim, make_policy(targetMode=target, readyTimeoutSeconds=30))
+    run.until(lambda p: _job_in_flight(sim, p, kind) is not None)
+    node = _job_in_flight(sim, run.policy, kind)
+    assert node is not None
+    sim.down.add(node)
+    run.until(
+        lambda p: any(j["node"] == node and j["done"] == "failed" for j in sim.jobs.values()),
+        limit=200,
+    )
+    run.steps(3)
+    assert run.policy.status.phase in (Phase.PROGRESSING, Phase.ANALYZING)
+    sim.down.clear()
+    run.until(phase_is(Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED, Phase.PAUSED))
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+    assert not run.events("RollbackStarted")

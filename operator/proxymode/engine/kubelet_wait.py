@@ -1,0 +1,53 @@
+"""A move on a node whose kubelet is not Ready: it waits, and its clocks start again when
+the kubelet is back (decision 0120).
+
+A node whose kubelet is down (powered off, cut off, its kubelet stopped) starts, stops and
+reports no pod: its old kube-proxy stays Terminating, a new one never runs, a Job's pod
+never starts there. Nothing a move waits for can happen, so the move waits where it is
+rather than walking on or failing at a deadline; and a deadline that ran out while the
+kubelet was away says nothing about the node, so every clock of the move counts from the
+kubelet's return (the node's Ready condition's ``lastTransitionTime``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from proxymode.api.models import Move
+from proxymode.engine.observed import Observed
+
+
+def hold(move: Move, now: datetime, switch_deadline: int) -> None:
+    """Keep a move whose node's kubelet is not Ready where it is, whichever way it goes.
+
+    Walking on (to switching, or failing at the deadline there) would leave the node
+    without any kube-proxy once the kubelet is back (a review), and a forward move failing
+    there rolled the whole migration back for a node outage that is not the new mode's
+    doing. The move still counts against the budget of the others: once the kubelet is back
+    it walks on without asking again, and a node the operator died before labelling still
+    runs its proxy (a review found two live nodes between proxies when it did not). Its
+    clock is kept from running out: past three quarters of the switch deadline it is set
+    back to one quarter, so the status is rewritten about every half deadline, no more;
+    once the kubelet is back the clocks count from then (``since``)."""
+    if (now - move.since).total_seconds() > switch_deadline * 0.75:
+        move.since = now - timedelta(seconds=switch_deadline * 0.25)
+
+
+def back(node: str, observed: Observed) -> datetime | None:
+    """When the node's kubelet was last Ready again (None: not Ready, or not said)."""
+    view = observed.node(node)
+    return None if view is None else view.ready_since
+
+
+def since(move: Move, observed: Observed) -> datetime:
+    """When the move's clock started: its start, or its node's kubelet coming back after
+    that."""
+    returned = back(move.node, observed)
+    return move.since if returned is None else max(move.since, returned)
+
+
+def outlived(created: datetime | None, node: str, observed: Observed) -> bool:
+    """The node's kubelet came back after ``created`` (a Job's): it was down for part of
+    that Job's life, so the Job's end is not the node's answer."""
+    returned = back(node, observed)
+    return returned is not None and created is not None and returned > created
