@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -25,11 +26,54 @@ from proxymode.api.checks import (
 # -- spec ----------------------------------------------------------------------------------------
 
 
-LabelKey = Annotated[str, Field(min_length=1, max_length=317)]
-LabelValue = Annotated[str, Field(max_length=63)]
+LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+"""A label key as Kubernetes validates one: an optional DNS-subdomain prefix and ``/``, then
+a name of at most 63 letters, digits, ``-``, ``_`` and ``.``, a letter or digit at each end."""
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+KEY_MESSAGE = (
+    "is not a valid label key (an optional DNS-subdomain prefix and '/', then a name of at"
+    " most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit)"
+)
+VALUE_MESSAGE = (
+    "is not a valid label value (at most 63 letters, digits, '-', '_' or '.', beginning and"
+    " ending with a letter or digit)"
+)
+EMPTY_SELECTOR_MESSAGE = (
+    "an empty nodeSelector selects every node: give matchLabels or matchExpressions, or"
+    " leave nodeSelector out and give a percent"
+)
+VALUES_MESSAGE = "operators In and NotIn need at least one value; Exists and DoesNotExist take none"
+
+LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=LABEL_KEY)]
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]
+MapKey = Annotated[str, Field(min_length=1, max_length=317)]
+"""A matchLabels key: its pattern is a CEL rule on the map (a structural schema has no
+patternProperties) and a validator here."""
+
+
+# Selectors are refused where Kubernetes' own validation of a LabelSelector refuses them: a
+# selector read loosely (values ignored under Exists, no value under In, an empty one)
+# silently selected every node or none (a review).
 
 
 class LabelSelectorRequirement(ApiModel):
+    """One requirement: a node label's key, an operator and (for In, NotIn) values."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0"
+                    " : !has(self.values) || size(self.values) == 0",
+                    VALUES_MESSAGE,
+                )
+            ]
+        }
+    )
+
     key: LabelKey = Field(description="The node label the requirement is about.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
         description="How the label's value relates to values."
@@ -38,11 +82,28 @@ class LabelSelectorRequirement(ApiModel):
         default=None, description="The values for In and NotIn; empty for Exists, DoesNotExist."
     )
 
+    @model_validator(mode="after")
+    def _values_fit_the_operator(self) -> LabelSelectorRequirement:
+        if bool(self.values) != (self.operator in ("In", "NotIn")):
+            raise ValueError(VALUES_MESSAGE)
+        return self
+
 
 class LabelSelector(ApiModel):
     """A metav1.LabelSelector: matchLabels and matchExpressions, ANDed."""
 
-    match_labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=32)] | None = Field(
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"!has(self.matchLabels) || self.matchLabels.all(k, k.matches(r'{LABEL_KEY}'))",
+                    f"a matchLabels key {KEY_MESSAGE}",
+                ),
+            ]
+        }
+    )
+
+    match_labels: Annotated[dict[MapKey, LabelValue], Field(max_length=32)] | None = Field(
         default=None, description="Node labels that must all be equal to these values."
     )
     match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] | None = (
@@ -52,6 +113,14 @@ class LabelSelector(ApiModel):
     @property
     def empty(self) -> bool:
         return not self.match_labels and not self.match_expressions
+
+    @field_validator("match_labels")
+    @classmethod
+    def _label_keys(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
+        for key in labels or {}:
+            if not re.match(LABEL_KEY, key):
+                raise ValueError(f"a matchLabels key {key!r} {KEY_MESSAGE}")
+        return labels
 
 
 class KubeProxyRef(ApiModel):
@@ -81,7 +150,14 @@ class Stage(ApiModel):
                 cel(
                     "has(self.nodeSelector) || has(self.percent)",
                     "a stage needs a nodeSelector, a percent, or both",
-                )
+                ),
+                cel(
+                    "!has(self.nodeSelector) || has(self.nodeSelector.matchLabels)"
+                    " && size(self.nodeSelector.matchLabels) > 0"
+                    " || has(self.nodeSelector.matchExpressions)"
+                    " && size(self.nodeSelector.matchExpressions) > 0",
+                    EMPTY_SELECTOR_MESSAGE,
+                ),
             ]
         }
     )
@@ -107,6 +183,8 @@ class Stage(ApiModel):
             raise ValueError(
                 f"stage {self.name!r}: a stage needs a nodeSelector, a percent, or both"
             )
+        if self.node_selector is not None and self.node_selector.empty:
+            raise ValueError(f"stage {self.name!r}: {EMPTY_SELECTOR_MESSAGE}")
         return self
 
 
