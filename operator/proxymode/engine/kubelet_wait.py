@@ -34,9 +34,24 @@ def hold(move: Move, now: datetime, switch_deadline: int) -> None:
 
 
 def back(node: str, observed: Observed) -> datetime | None:
-    """When the node's kubelet was last Ready again (None: not Ready, or not said)."""
+    """When the node's kubelet was last Ready again (None: not Ready, or not said).
+
+    A time ahead of the operator's clock is not believed: it is the kubelet's own clock,
+    which may run ahead (after a reboot), and a return "in the future" would hold every
+    clock of the move at zero on every look, so a move stuck for a reason of its own would
+    never fail (a review). The move's own start counts then; ``hold`` has kept at least a
+    quarter of its switch deadline for it."""
     view = observed.node(node)
-    return None if view is None else view.ready_since
+    if view is None or view.ready_since is None or view.ready_since > observed.now:
+        return None
+    return view.ready_since
+
+
+def lived_through(created: datetime | None, node: str, observed: Observed) -> bool:
+    """A pod made before its node's kubelet last came back: it lived through the outage.
+    A reboot restarts every container, so its restart count says nothing about kube-proxy;
+    whether it becomes Ready again within the ready timeout (from the return) does."""
+    return outlived(created, node, observed)
 
 
 def since(move: Move, observed: Observed) -> datetime:

@@ -8,6 +8,7 @@ module only looks.
 from __future__ import annotations
 
 from proxymode.api.models import StagePhase
+from proxymode.engine import kubelet_wait
 from proxymode.engine.look import Look
 from proxymode.engine.stages import named
 
@@ -18,7 +19,9 @@ def health_failure(look: Look) -> str | None:
     Not a node whose kubelet is not Ready: its pods read not Ready because the node
     lifecycle controller marked them so, not because kube-proxy said so; what runs there
     is unknown until the kubelet is back (``kubelets_waited``: the stage waits for it and
-    says why). From its return the pod gets the ready timeout again."""
+    says why). From its return the pod gets the ready timeout again, and a pod that lived
+    through the outage is judged by that alone, not by its restart count (a reboot restarts
+    every container)."""
     timeout = look.spec.ready_timeout_seconds
     moving = {m.node for m in look.status.moves}
     for name in look.planned():
@@ -29,7 +32,8 @@ def health_failure(look: Look) -> str | None:
             continue
         for pod in look.obs.pods_on(name):
             where = f"kube-proxy pod {pod.name} on node {name}"
-            if pod.restarts > 0:
+            rebooted = kubelet_wait.lived_through(pod.created, name, look.obs)
+            if pod.restarts > 0 and not rebooted:
                 times = "time" if pod.restarts == 1 else "times"
                 return f"{where} restarted {pod.restarts} {times}"
             if pod.ready or pod.terminating:
@@ -37,8 +41,9 @@ def health_failure(look: Look) -> str | None:
             # Timed from when it stopped being Ready (or started, if it never was): one
             # failed probe on a pod Ready for an hour is not an hour of not being Ready.
             since = pod.ready_changed or pod.created
-            if since is not None and node.ready_since is not None:
-                since = max(since, node.ready_since)
+            back = kubelet_wait.back(name, look.obs)
+            if since is not None and back is not None:
+                since = max(since, back)
             age = (look.now - since).total_seconds() if since else 0.0
             if age > timeout:
                 return f"{where} has not been Ready for {age:.0f}s (limit {timeout}s)"
@@ -55,8 +60,8 @@ def kubelets_waited(look: Look, names: list[str]) -> str:
     one = len(down) == 1
     return (
         f"; the kubelet{'' if one else 's'} of {named(down)} {'is' if one else 'are'} not"
-        f" Ready: no pod stops or starts there, so {'its' if one else 'their'} move waits"
-        f" until {'it is' if one else 'they are'} back (or the Node is deleted)"
+        f" Ready: {'its' if one else 'their'} move waits until {'it is' if one else 'they are'}"
+        " Ready again (or the Node is deleted)"
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
@@ -567,3 +568,42 @@ def test_a_job_that_ran_out_while_the_kubelet_was_down_runs_again(target: str, k
     run.until(phase_is(Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED, Phase.PAUSED))
     assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
     assert not run.events("RollbackStarted")
+
+
+def test_a_moved_node_rebooted_is_judged_by_readiness_not_its_restart_count() -> None:
+    """canary-1 runs nftables and bakes; it is powered off, then on. A reboot restarts every
+    container, so its kube-proxy's restart count goes up by one: that used to read as "restarted
+    1 time", a KubeProxyUnhealthy rollback the moment the node was back (a review). A pod
+    that lived through the outage is judged by becoming Ready again within the ready
+    timeout from the return."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    stages = [
+        {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}, "bakeSeconds": 60},
+        {"name": "all", "percent": 100, "bakeSeconds": 0},
+    ]
+    run = Run(sim, make_policy(stages=stages))
+    run.until(phase_is(Phase.ANALYZING))
+    sim.down.add("canary-1")
+    run.steps(10)
+    sim.down.clear()
+    for pod in sim.proxies_on("canary-1"):
+        pod.restarts += 1
+    run.until(phase_is(Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED, Phase.PAUSED))
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.rollback_message
+
+
+def test_a_kubelet_clock_ahead_does_not_stop_the_move_deadlines() -> None:
+    """canary-1 was down once and is back, its Ready condition stamped by a kubelet whose
+    clock runs a day ahead; its old kube-proxy never goes. A return "in the future" held
+    the move's clocks at zero on every look: the policy sat in Progressing for ever instead
+    of failing the move at its deadline (a review). Such a time is not believed."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    sim.down.add("canary-1")
+    sim.tick()
+    sim.down.clear()
+    sim.tick()
+    sim.back["canary-1"] = sim.now + timedelta(days=1)
+    sim.stuck.add("canary-1")
+    run = Run(sim, make_policy(readyTimeoutSeconds=30))
+    run.until(phase_is(Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED, Phase.PAUSED))
+    assert "stuck switching" in (run.policy.status.rollback_message or "")
