@@ -44,7 +44,8 @@ def backup(look: Look) -> dict[str, str] | None:
         look.fail(
             FailureReason.BACKUP_LOST,
             f"the backup ConfigMap {look.status.backup.namespace}/{look.status.backup.name}"
-            " was deleted; restore it or roll back by hand",
+            " was deleted: retry (proxymode.io/action=retry) or delete the policy, and it rolls"
+            " back without it",
         )
         return None
     src_ds, src_cm = look.obs.source_daemon_set, look.obs.source_config_map

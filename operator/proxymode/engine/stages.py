@@ -210,3 +210,17 @@ def named(names: Sequence[str], shown: int = 5) -> str:
     """``node a`` / ``nodes a, b, c and 4 more``: nodes named in a message."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return f"{'node' if len(names) == 1 else 'nodes'} {', '.join(names[:shown])}{more}"
+
+
+def mixed_mode_words(lk: Look, moved: int) -> str:
+    """What a Completed, unfinalized policy says: which nodes run which mode. With every
+    node covered (``finalize: false``) there are no "others" to name (a review)."""
+    if covers_every_node(lk):
+        return (
+            f"{nodes(moved)} run {lk.spec.target_mode}, every node the policy covers; both"
+            " DaemonSets kept (finalize: false)"
+        )
+    return (
+        f"{nodes(moved)} run {lk.spec.target_mode}; the others stay on"
+        f" {lk.status.source_mode}, both DaemonSets kept (mixed mode)"
+    )

@@ -66,3 +66,17 @@ def test_a_node_that_joins_after_a_kept_term_runs_the_source_at_once() -> None:
     sim.tick()
     sim.tick()
     _one_ready_source_proxy_each(sim, "nftables")
+
+
+def test_finalize_false_over_every_node_names_no_others() -> None:
+    """Stages that cover every node with ``finalize: false`` end with both DaemonSets kept;
+    there are no "others" staying on the source to speak of (a review saw "the others stay
+    on iptables" on a cluster where every node had moved)."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    run = Run(sim, make_policy(finalize=False))
+    run.until(lambda p: p.status.phase == Phase.COMPLETED)
+    message = run.policy.status.message or ""
+    assert "3 nodes run nftables, every node the policy covers" in message, message
+    assert "others" not in message
+    run.steps(3)  # the terminal look's own words
+    assert "others" not in (run.policy.status.message or ""), run.policy.status.message

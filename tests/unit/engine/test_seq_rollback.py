@@ -58,6 +58,8 @@ def test_after_backup_lost_the_operators_own_patch_never_outlives_the_run() -> N
     del sim.objects[("ConfigMap", "proxymode-backup-to-nft")]
     run.until(terminal)
     assert run.policy.status.phase == Phase.FAILED
+    # What to do, said (a review: it said "roll back by hand", and abort is refused here).
+    assert "retry (proxymode.io/action=retry) or delete the policy" in run.policy.status.message
     sim.action = "retry"
     run.until(lambda p: p.status.phase == Phase.ROLLED_BACK)
     assert _source_spec(sim)["updateStrategy"] == original["updateStrategy"], "RolledBack"

@@ -24,7 +24,14 @@ from proxymode.engine.gate import GateVerdict
 from proxymode.engine.look import Look
 from proxymode.engine.observed import MODE_LABEL, CheckOutcome, ProxyKind
 from proxymode.engine.setup import ensure_setup
-from proxymode.engine.stages import covers_every_node, named, nodes, refresh_plan, start_stage
+from proxymode.engine.stages import (
+    covers_every_node,
+    mixed_mode_words,
+    named,
+    nodes,
+    refresh_plan,
+    start_stage,
+)
 
 
 def look(lk: Look) -> Phase | None:
@@ -354,8 +361,7 @@ def _end_of_stages(lk: Look) -> Phase | None:
     lk.transition(
         Phase.COMPLETED,
         EventReason.COMPLETED,
-        f"{nodes(planned)} run {lk.spec.target_mode}; the others stay on"
-        f" {lk.status.source_mode}, both DaemonSets kept (mixed mode)",
+        mixed_mode_words(lk, planned),
     )
     lk.requeue = 60
     return None

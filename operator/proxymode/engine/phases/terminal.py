@@ -8,7 +8,7 @@ from proxymode.engine import moves, naming, node_checks
 from proxymode.engine.actions import DeleteObject
 from proxymode.engine.commands import retry
 from proxymode.engine.look import Look
-from proxymode.engine.stages import nodes, refresh_plan
+from proxymode.engine.stages import mixed_mode_words, refresh_plan
 
 
 def look(lk: Look) -> Phase | None:
@@ -39,10 +39,9 @@ def _keep_mixed_mode(lk: Look) -> None:
         stage.nodes_done = len(moves.done(lk, stage.nodes))
     if not failure:
         done = sum(stage.nodes_done for stage in lk.status.stages)
-        lk.status.message = (
-            f"{nodes(done)} run {lk.spec.target_mode}; the others stay on"
-            f" {lk.status.source_mode}, both DaemonSets kept (mixed mode)"
-        ) + node_checks.kubelets_waited(lk, node_checks.forward_todo(lk, started_only=False))
+        lk.status.message = mixed_mode_words(lk, done) + node_checks.kubelets_waited(
+            lk, node_checks.forward_todo(lk, started_only=False)
+        )
 
 
 def _drop_backup(lk: Look) -> None:
