@@ -360,3 +360,19 @@ def original_spec(backup: Mapping[str, str]) -> dict[str, Any]:
 def original_config_data(backup: Mapping[str, str]) -> dict[str, str]:
     data: dict[str, str] = json.loads(backup[BACKUP_CONFIG_MAP])["data"]
     return data
+
+
+TEMPLATE_GENERATION_ANNOTATION = "deprecated.daemonset.template.generation"
+"""Where the API server keeps a DaemonSet's template generation; the DaemonSet controller
+labels each pod it makes with it (``pod-template-generation``)."""
+
+
+def template_generation(daemon_set: Object) -> int | None:
+    """The DaemonSet's current template generation (None when not said)."""
+    value = ((daemon_set.get("metadata") or {}).get("annotations") or {}).get(
+        TEMPLATE_GENERATION_ANNOTATION
+    )
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None

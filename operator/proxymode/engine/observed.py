@@ -72,6 +72,9 @@ class ProxyPod:
     """When the pod's Ready condition last changed (its ``lastTransitionTime``): a pod not
     Ready is timed from here, so one failed probe on a pod Ready for an hour is not taken
     for an hour of not being Ready. None: unknown (then its creation time counts)."""
+    template_generation: int | None = None
+    """The pod's ``pod-template-generation`` label: the DaemonSet template generation it was
+    made from (the DaemonSet's ``deprecated.daemonset.template.generation`` annotation)."""
     config_hash: str | None = None
     """The pod's ``proxymode.io/config-hash`` annotation (target pods: the template it was
     made from); a target pod whose hash is not its DaemonSet's is one the DaemonSet

@@ -23,7 +23,7 @@ case, docs/reliability.md finding 12). So the roll is treated like one more move
 
 from __future__ import annotations
 
-from proxymode.engine import moves
+from proxymode.engine import moves, walk
 from proxymode.engine.actions import PatchObject
 from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, ProxyKind, ProxyPod
@@ -41,7 +41,7 @@ def apply_held(look: Look) -> str | None:
     if switching:
         return f"the target DaemonSet follows it once {named(switching)} ends switching"
     down = [n for n in planned if not moves.healthy_proxy(look.obs, n, look.target_mode)]
-    if len(down) >= moves.budget(look):
+    if len(down) >= walk.budget(look):
         return (
             "the target DaemonSet follows it once maxUnavailable has room for the node its"
             f" rolling update takes down (held by {named(down)}, without a Ready kube-proxy)"

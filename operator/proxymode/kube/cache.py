@@ -59,6 +59,8 @@ from proxymode.kube.watched import Watched, comparable
 log = logging.getLogger(__name__)
 MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+TEMPLATE_GENERATION_LABEL = "pod-template-generation"
+"""What the DaemonSet controller labels each pod with: its template's generation."""
 """What a kubelet puts on the API's copy of a static pod."""
 NODE_READERS = 8
 """Unsettled nodes read side by side, as ``kube.execute.LABEL_WRITERS`` writes them."""
@@ -87,6 +89,8 @@ class PodRecord:
     """A static pod's mirror (``kubernetes.io/config.mirror``): preflight names them."""
     config_hash: str | None = None
     """The pod's ``proxymode.io/config-hash`` annotation (which target template made it)."""
+    template_generation: str | None = None
+    """The pod's ``pod-template-generation`` label (which DaemonSet template made it)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         job=(meta.get("labels") or {}).get("job-name", "") or "",
         mirror=MIRROR_ANNOTATION in (meta.get("annotations") or {}),
         config_hash=(meta.get("annotations") or {}).get(CONFIG_HASH_ANNOTATION),
+        template_generation=(meta.get("labels") or {}).get(TEMPLATE_GENERATION_LABEL),
         finished=status.get("phase") in ("Succeeded", "Failed")
         or any(
             (c.get("state") or {}).get("terminated") for c in status.get("containerStatuses") or []

@@ -36,7 +36,12 @@ from proxymode.engine.observed import (
     ProxyKind,
     ProxyPod,
 )
-from proxymode.kube.cache import MIRROR_ANNOTATION, ClusterCache, PodRecord
+from proxymode.kube.cache import (
+    MIRROR_ANNOTATION,
+    TEMPLATE_GENERATION_LABEL,
+    ClusterCache,
+    PodRecord,
+)
 from proxymode.kube.object_cache import Key, objects_of, read_object
 from proxymode.kube.watched import LIST_PAGE
 
@@ -136,7 +141,17 @@ def proxy_pod(pod: Object, kind: ProxyKind) -> ProxyPod:
         created=_time(pod["metadata"].get("creationTimestamp")),
         ready_changed=_ready_changed(pod),
         config_hash=(pod["metadata"].get("annotations") or {}).get(CONFIG_HASH_ANNOTATION),
+        template_generation=_int(
+            (pod["metadata"].get("labels") or {}).get(TEMPLATE_GENERATION_LABEL)
+        ),
     )
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def _ready_changed(obj: Object) -> datetime | None:
@@ -157,6 +172,7 @@ def _from_record(record: PodRecord, kind: ProxyKind) -> ProxyPod:
         created=_time(record.created),
         ready_changed=_time(record.ready_changed),
         config_hash=record.config_hash,
+        template_generation=_int(record.template_generation),
     )
 
 

@@ -190,7 +190,7 @@ def check_world(
     down = (sim.without_ready_proxy() - crashing - sim.down) & sim.served
     assert len(down) <= budget, f"{sorted(down)} without a Ready kube-proxy (budget {budget})"
     # A node whose kubelet is down serves nothing either way: its move back waits at
-    # switching without taking a proxy from anyone (moves._hold).
+    # switching without taking a proxy from anyone (kubelet_wait.hold).
     switching = [
         n
         for n, v in sim.nodes.items()

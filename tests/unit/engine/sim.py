@@ -97,6 +97,7 @@ class SimPod:
     was_ready: bool = False
     ready_changed: datetime | None = None  # the Ready condition's lastTransitionTime
     config_hash: str | None = None  # its template's proxymode.io/config-hash annotation
+    template_generation: int | None = None  # its pod-template-generation label
 
     def note_readiness(self, now: datetime) -> None:
         """What the kubelet does: stamp the Ready condition's transition time."""
@@ -143,8 +144,12 @@ class Sim:
     """When each node that was in ``down`` was first seen out of it: its Ready condition's
     ``lastTransitionTime`` (``NodeView.ready_since``)."""
     _was_down: set[str] = field(default_factory=set)
+    _templates: dict[str, str] = field(default_factory=dict)
     broken: set[str] = field(default_factory=set)
     """Nodes whose kube-proxy pods, of either DaemonSet, crash-loop."""
+    bad_arg: str | None = None
+    """A kube-proxy command-line argument that makes every pod whose template has it
+    crash-loop (a flag kube-proxy refuses): a person's broken template edit."""
     server_defaults: dict[str, Any] = field(default_factory=dict)
     """DaemonSet spec fields the API server defaults on every write (a newer server)."""
     unverifiable: set[str] = field(default_factory=set)
@@ -207,6 +212,15 @@ class Sim:
             if old is None or old["spec"] != obj["spec"]:
                 generation += 1
             meta["generation"] = generation
+            # The API server's template generation (the DaemonSet controller labels each pod
+            # with it): bumped when the pod template changes.
+            key = "deprecated.daemonset.template.generation"
+            # (Compared by hash: a caller may have edited the stored object in place.)
+            template_gen = int((old or {}).get("metadata", {}).get("annotations", {}).get(key, 0))
+            if self._templates.get(meta["name"]) != _hash(obj["spec"]["template"]):
+                template_gen += 1
+                self._templates[meta["name"]] = _hash(obj["spec"]["template"])
+            meta.setdefault("annotations", {})[key] = str(template_gen)
             obj["status"] = old.get("status", {}) if old else {}
         self.objects[(obj["kind"], meta["name"])] = obj
 
@@ -293,6 +307,15 @@ class Sim:
                 pod.crashloop = True
             if node in self.broken:
                 pod.crashloop = True
+            container = ds["spec"]["template"]["spec"]["containers"][0]
+            if self.bad_arg and self.bad_arg in [
+                *container.get("command", []),
+                *container.get("args", []),
+            ]:
+                pod.crashloop = True
+            pod.template_generation = int(
+                ds["metadata"]["annotations"]["deprecated.daemonset.template.generation"]
+            )
             self.pods.append(pod)
             self.starts[node] = self.starts.get(node, 0) + 1
         strategy = ds["spec"].get("updateStrategy", {})
@@ -442,6 +465,7 @@ class Sim:
                 created=p.born.replace(microsecond=0),
                 ready_changed=p.ready_changed,
                 config_hash=p.config_hash,
+                template_generation=p.template_generation,
             )
             for p in self.pods
         )

@@ -74,3 +74,42 @@ def test_an_abort_after_a_lost_write_walks_one_node_back_at_a_time() -> None:
     run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED))  # invariants on every look
     assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
     run.assert_restored()
+
+
+def _edit_source_command(sim: Sim, *, add: str | None = None, drop: str | None = None) -> None:
+    ds = sim.get("DaemonSet", "kube-proxy")
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    command = [c for c in container.get("command", []) if c != drop]
+    container["command"] = [*command, add] if add else command
+    sim._store(ds)
+
+
+def test_a_rollback_stuck_on_a_broken_source_template_ends_once_a_person_fixes_it() -> None:
+    """A person's bad flag on the source template reaches the target (by design): the
+    canary's new kube-proxy crashes and the run rolls back; its move back then crashes on
+    the same template and the rollback fails (RollbackStuck). The person fixes the template
+    and deletes the policy. Under the OnDelete this operator put on the source, the fixed
+    template never reached the crashing pod: the deletion waited for ever, the finalizer
+    with it (a review). The node now goes through switching once more, and its source
+    kube-proxy starts from the fixed template."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    stages = [{**s, "bakeSeconds": 600} for s in THREE_STAGES]
+    run = Run(sim, make_policy(stages=stages, readyTimeoutSeconds=30))
+    run.until(phase_is(Phase.ANALYZING))
+    sim.bad_arg = "--bogus-flag"
+    _edit_source_command(sim, add="--bogus-flag")
+    run.until(phase_is(Phase.FAILED, Phase.ROLLED_BACK), limit=400)
+    status = run.policy.status
+    assert status.phase == Phase.FAILED, status.message
+    assert "rollback cannot finish" in (status.message or ""), status.message
+    _edit_source_command(sim, drop="--bogus-flag")
+    run.deleting = True
+    for _ in range(400):
+        if run.step().release_finalizer:
+            break
+    else:
+        raise AssertionError(f"the finalizer was held: {run.policy.status.message}")
+    for node in sim.nodes:
+        pods = sim.proxies_on(node)
+        assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready, node
+    assert not nodes_labelled(sim, "nftables") and not nodes_labelled(sim, "switching")

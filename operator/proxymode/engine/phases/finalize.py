@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from proxymode.api.models import MoveDirection, Phase, SourceTemplate
 from proxymode.api.reasons import EventReason, FailureReason, PauseReason
-from proxymode.engine import moves, node_checks, objects, target_roll
+from proxymode.engine import node_checks, objects, target_roll, walk
 from proxymode.engine.look import Look
 from proxymode.engine.observed import Object
 from proxymode.engine.restore import delete_target_pair, patch_config_data, restore_source_spec
@@ -42,11 +42,11 @@ def look(lk: Look) -> Phase | None:
     ):
         lk.requeue = 1
         return None
-    failure = moves.drive(lk, MoveDirection.HANDBACK)
+    failure = walk.drive(lk, MoveDirection.HANDBACK)
     if failure:
         lk.pause(PauseReason.FINALIZE_STUCK, failure)
         return None
-    labelled = moves.labelled(lk, lk.planned())
+    labelled = walk.labelled(lk, lk.planned())
     if labelled or lk.status.moves:
         _hand_back(lk, labelled)
         return None
@@ -71,7 +71,7 @@ def _hand_back(lk: Look, labelled: list[str]) -> None:
         lk.pause(PauseReason.FINALIZE_STUCK, stuck)
         return
     lk.moves_held = target_roll.rolling(lk, until_ready=True)
-    moves.start_moves(lk, labelled, MoveDirection.HANDBACK)
+    walk.start_moves(lk, labelled, MoveDirection.HANDBACK)
     lk.status.message = (
         f"handing {nodes(len(labelled))} back to the source DaemonSet"
         + (f"; no new hand-back starts: {lk.moves_held}" if lk.moves_held else "")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from proxymode.api.models import Phase, Verdict
 from proxymode.api.reasons import EventReason, PauseReason
-from proxymode.engine import moves, node_checks
+from proxymode.engine import moves, node_checks, walk
 from proxymode.engine.commands import resume
 from proxymode.engine.look import Look
 
@@ -13,7 +13,7 @@ def look(lk: Look) -> Phase | None:
     if lk.status.paused_reason == PauseReason.SPEC and not lk.spec.paused:
         return _resume(lk)
     # In-flight moves finish (a node is never left between proxies); no new ones start.
-    failure = moves.drive(lk) or node_checks.health_failure(lk)
+    failure = walk.drive(lk) or node_checks.health_failure(lk)
     if failure and lk.spec.rollback.automatic:
         lk.start_rollback(moves.failure_reason(failure), failure)
         return None

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from proxymode.api.models import MoveDirection, Phase, StagePhase
 from proxymode.api.reasons import EventReason, FailureReason, RollbackReason
-from proxymode.engine import moves, objects, target_roll
+from proxymode.engine import moves, objects, target_roll, walk
 from proxymode.engine.actions import PatchObject, SetNodeMode
 from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, ProxyKind
@@ -31,7 +31,7 @@ def look(lk: Look) -> Phase | None:
     if not _source_config_first(lk):
         return None
     target_roll.stop(lk)
-    failure = moves.drive(lk, MoveDirection.BACK)
+    failure = walk.drive(lk, MoveDirection.BACK)
     if failure:
         lk.fail(FailureReason.ROLLBACK_STUCK, f"rollback cannot finish: {failure}")
         return None
@@ -48,7 +48,7 @@ def look(lk: Look) -> Phase | None:
     if live:
         # Labelled by this run but missing from status.stages (a status write was lost):
         # the labels decide, so they go back first, before any recorded stage.
-        moves.start_moves(lk, live, MoveDirection.BACK)
+        walk.start_moves(lk, live, MoveDirection.BACK)
         lk.soon(2)
         return None
     _down_first(lk)
@@ -73,7 +73,7 @@ def _walk_back(lk: Look, down_strays: list[str]) -> list[str] | None:
     when the kubelet is back."""
     unreachable = list(down_strays)
     for stage in reversed(lk.status.stages):
-        pending = moves.labelled(lk, stage.nodes)
+        pending = walk.labelled(lk, stage.nodes)
         down = [n for n in pending if lk.obs.kubelet_down(n)]
         unreachable += down
         if pending and stage.phase != StagePhase.ROLLING_BACK:
@@ -84,7 +84,7 @@ def _walk_back(lk: Look, down_strays: list[str]) -> list[str] | None:
             )
         pending = [n for n in pending if n not in down]
         if pending:
-            moves.start_moves(lk, pending, MoveDirection.BACK)
+            walk.start_moves(lk, pending, MoveDirection.BACK)
             lk.soon(2)
             return None
         if stage.phase not in (StagePhase.PENDING, StagePhase.ROLLED_BACK) and not down:
@@ -119,14 +119,14 @@ def _down_first(lk: Look) -> None:
         return
     down = [
         n
-        for n in moves.labelled(lk, lk.planned())
+        for n in walk.labelled(lk, lk.planned())
         if (view := lk.obs.node(n)) is not None
         and view.ready
         and view.mode_label == lk.target_mode
         and not moves.healthy_proxy(lk.obs, n, lk.target_mode)
     ]
     if down:
-        moves.start_moves(lk, down, MoveDirection.BACK)
+        walk.start_moves(lk, down, MoveDirection.BACK)
 
 
 def _read_the_target_mode(lk: Look) -> list[str]:
@@ -204,7 +204,7 @@ def _restart_what_read_the_target_mode(lk: Look) -> bool:
         return True
     if not generation_observed(src_ds):
         return True
-    moves.start_moves(lk, nodes, MoveDirection.BACK, through_switching=True)
+    walk.start_moves(lk, nodes, MoveDirection.BACK, through_switching=True)
     lk.status.message = (
         f"{len(nodes)} source kube-proxies started in {lk.target_mode} while finalizing:"
         " restarting them in the source mode" + (f"; {waiting}" if down else "")
@@ -289,7 +289,7 @@ def on_delete(lk: Look) -> Phase | None:
         # so once, take our labels off, and let the policy go (its objects go with it).
         message = f"{_source_gone(lk)}; deleted without a rollback"
         lk.fail(FailureReason.SOURCE_MISSING, message)
-        for name in moves.labelled(lk, lk.planned()):
+        for name in walk.labelled(lk, lk.planned()):
             view = lk.obs.node(name)
             lk.actions.append(SetNodeMode(name, None, expect=view.mode_label if view else None))
         lk.release = True

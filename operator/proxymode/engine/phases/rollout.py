@@ -19,7 +19,7 @@ from proxymode.api.models import (
     Verdict,
 )
 from proxymode.api.reasons import EventReason, PauseReason, RollbackReason
-from proxymode.engine import gate, moves, node_checks
+from proxymode.engine import gate, moves, node_checks, walk
 from proxymode.engine.gate import GateVerdict
 from proxymode.engine.look import Look
 from proxymode.engine.observed import MODE_LABEL, CheckOutcome, ProxyKind
@@ -44,12 +44,12 @@ def look(lk: Look) -> Phase | None:
     _record_baseline(lk, stage)
     if stage.phase == StagePhase.PENDING:
         start_stage(lk, index)
-    failure = moves.drive(lk) or node_checks.health_failure(lk)
+    failure = walk.drive(lk) or node_checks.health_failure(lk)
     if failure:
         lk.breach(moves.failure_reason(failure), failure)
         return None
     _walk_back_hand_labels(lk)
-    held = moves.start_moves(lk, node_checks.forward_todo(lk), MoveDirection.FORWARD)
+    held = walk.start_moves(lk, node_checks.forward_todo(lk), MoveDirection.FORWARD)
     done = moves.done(lk, stage.nodes)
     stage.nodes_done = len(done)
     if len(done) < len(stage.nodes) or lk.status.moves:
@@ -94,7 +94,7 @@ def _walk_back_hand_labels(lk: Look) -> None:
     hand = node_checks.hand_labelled(lk)
     if not hand:
         return
-    moves.start_moves(lk, hand, MoveDirection.BACK)
+    walk.start_moves(lk, hand, MoveDirection.BACK)
     started = [m.node for m in lk.status.moves if m.node in hand]
     if started:
         lk.event(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from proxymode.api.models import MoveDirection, Phase
 from proxymode.api.reasons import RollbackReason
-from proxymode.engine import moves, naming, node_checks
+from proxymode.engine import moves, naming, node_checks, walk
 from proxymode.engine.actions import DeleteObject
 from proxymode.engine.commands import retry
 from proxymode.engine.look import Look
@@ -27,11 +27,11 @@ def look(lk: Look) -> Phase | None:
 def _keep_mixed_mode(lk: Look) -> None:
     """A finished mixed-mode policy still moves newcomers that join its pools."""
     refresh_plan(lk)
-    failure = moves.drive(lk)
+    failure = walk.drive(lk)
     if failure:
         lk.status.message = failure
         lk.trouble = failure
-    moves.start_moves(lk, node_checks.forward_todo(lk, started_only=False), MoveDirection.FORWARD)
+    walk.start_moves(lk, node_checks.forward_todo(lk, started_only=False), MoveDirection.FORWARD)
     lk.requeue = 2 if lk.status.moves else 60
     # A newcomer counts once it runs the target: each stage's nodesDone and the summary say
     # what runs now, not what ran when the policy completed (a review saw 4/5 and "6 nodes").

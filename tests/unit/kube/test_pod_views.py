@@ -1,0 +1,31 @@
+"""What a kube-proxy pod becomes for the engine: the template generation it was made from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxymode.engine.observed import ProxyKind
+from proxymode.kube.cache import pod_record
+from proxymode.kube.observe import proxy_pod
+
+
+def _pod(labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "kube-proxy-x", "labels": labels, "creationTimestamp": None},
+        "spec": {"nodeName": "n1"},
+        "status": {},
+    }
+
+
+def test_the_pod_template_generation_label_is_read_by_both_paths() -> None:
+    """A source pod made from an older template than its DaemonSet's is replaced on a move
+    back (the operator's OnDelete keeps a person's fix from it otherwise)."""
+    pod = _pod({"k8s-app": "kube-proxy", "pod-template-generation": "7"})
+    assert proxy_pod(pod, ProxyKind.SOURCE).template_generation == 7
+    assert pod_record(pod).template_generation == "7"
+
+
+def test_a_missing_or_odd_generation_is_unknown() -> None:
+    assert proxy_pod(_pod({}), ProxyKind.SOURCE).template_generation is None
+    odd = _pod({"pod-template-generation": "seven"})
+    assert proxy_pod(odd, ProxyKind.SOURCE).template_generation is None
