@@ -18,6 +18,7 @@ from proxymode.engine.actions import DeleteObject, PatchObject
 from proxymode.engine.look import Look
 from proxymode.engine.observed import Object
 from proxymode.engine.settle import source_settled, waiting_on
+from proxymode.kubeproxy import ConfigError, parse_config
 
 
 def template_hash(ds: Object | None) -> str | None:
@@ -129,6 +130,32 @@ def patch_config_data(look: Look, cm: Object, desired: Mapping[str, str], why: s
     return False
 
 
+def source_config_to_restore(look: Look, cm: Object, backup: Mapping[str, str]) -> dict[str, str]:
+    """The source ConfigMap's data as a rollback leaves it: the operator's own change undone,
+    a person's kept.
+
+    The operator writes the source ConfigMap only in Finalizing (the target mode, and the
+    overrides, into its configuration key). While that key's mode is still the snapshot's,
+    the write is not there and every difference is a person's edit (a review saw an abort
+    put back a ``tcpBeLiberal`` a person had set mid-bake): nothing changes. Once it is
+    there, that key goes back to the snapshot; other keys keep what they hold now."""
+    original = objects.original_config_data(backup)
+    current = {str(k): str(v) for k, v in (cm.get("data") or {}).items()}
+    key = look.spec.kube_proxy.config_key
+    if key not in original:
+        return original
+    if key in current and _mode(current[key]) == _mode(original[key]):
+        return current
+    return {**current, key: original[key]}
+
+
+def _mode(text: str) -> str | None:
+    try:
+        return parse_config(text).mode
+    except ConfigError:
+        return None
+
+
 def restore(look: Look) -> bool:
     """Delete the target objects, put the source back exactly. True when all is back."""
     backup = look.obs.backup
@@ -145,9 +172,11 @@ def restore(look: Look) -> bool:
         look, src_ds, backup, "restore the source DaemonSet from the snapshot"
     ):
         return False
-    original_data = objects.original_config_data(backup)
     if src_cm is not None and not patch_config_data(
-        look, src_cm, original_data, "restore the source ConfigMap from the snapshot"
+        look,
+        src_cm,
+        source_config_to_restore(look, src_cm, backup),
+        "restore the source ConfigMap's mode from the snapshot",
     ):
         return False
     if src_ds is not None and not source_settled(look, src_ds):

@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 
 from proxymode.api.models import Phase
-from tests.unit.engine.seq import Run, config_mode, make_policy, terminal, with_exclusion_term
+from tests.unit.engine.seq import (
+    THREE_STAGES,
+    Run,
+    config_mode,
+    make_policy,
+    terminal,
+    with_exclusion_term,
+)
 from tests.unit.engine.sim import Sim
 
 
@@ -80,3 +87,45 @@ def test_finalize_false_over_every_node_names_no_others() -> None:
     assert "others" not in message
     run.steps(3)  # the terminal look's own words
     assert "others" not in (run.policy.status.message or ""), run.policy.status.message
+
+
+def _liberal(sim: Sim) -> None:
+    """A person's edit of the source ConfigMap mid-run (not its mode)."""
+    cm = sim.get("ConfigMap", "kube-proxy")
+    cm["data"]["config.conf"] = cm["data"]["config.conf"].replace(
+        "tcpBeLiberal: false", "tcpBeLiberal: true"
+    )
+    sim._store(cm)
+
+
+def _is_liberal(sim: Sim) -> bool:
+    return "tcpBeLiberal: true" in sim.get("ConfigMap", "kube-proxy")["data"]["config.conf"]
+
+
+def test_a_persons_config_edit_mid_bake_survives_an_abort() -> None:
+    """The operator writes the source ConfigMap only in Finalizing. An abort mid-bake put
+    the whole ConfigMap back to the snapshot all the same, silently undoing a person's
+    ``tcpBeLiberal: true`` (a review); it is now left as the person left it."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    stages = [{**s, "bakeSeconds": 600} for s in THREE_STAGES]
+    run = Run(sim, make_policy(stages=stages))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    _liberal(sim)
+    sim.action = "abort"
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+    assert _is_liberal(sim), "the person's edit was undone"
+    assert config_mode(sim) == "iptables"
+
+
+def test_a_persons_config_edit_mid_bake_is_kept_by_finalize() -> None:
+    """Finalize rendered the target mode into the snapshot's configuration, so a person's
+    edit made since was lost with it; it now renders into the ConfigMap as it is."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    run = Run(sim, make_policy(finalize=True))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    _liberal(sim)
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+    assert config_mode(sim) == "nftables"
+    assert _is_liberal(sim), "finalize dropped the person's edit"

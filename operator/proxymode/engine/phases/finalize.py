@@ -26,9 +26,14 @@ def look(lk: Look) -> Phase | None:
         return None
     key = lk.spec.kube_proxy.config_key
     original = objects.original_config_data(backup)
+    # Rendered from the ConfigMap as it is now, not from the snapshot: a person's edit made
+    # since the run began (a review: tcpBeLiberal set mid-bake) is kept, and rendering the
+    # mode into its own output changes nothing, so later looks write nothing.
+    current = {str(k): str(v) for k, v in (src_cm.get("data") or {}).items()}
+    base = current if key in current else original
     try:
         final = with_mode(
-            parse_config(original[key]),
+            parse_config(base[key]),
             lk.target_mode,
             version=kube_proxy_version(lk),
             overrides=lk.spec.config_overrides,
@@ -36,7 +41,7 @@ def look(lk: Look) -> Phase | None:
     except (ConfigError, KeyError) as e:
         lk.fail(FailureReason.FINALIZE_BLOCKED, f"cannot render the final configuration: {e}")
         return None
-    desired = {**original, key: final}
+    desired = {**base, key: final}
     if not patch_config_data(
         lk, src_cm, desired, f"write mode {lk.spec.target_mode} into the source ConfigMap"
     ):

@@ -16,7 +16,7 @@ from proxymode.engine.actions import PatchObject, SetNodeMode
 from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, ProxyKind
 from proxymode.engine.preflight.nodes import scheduled_by
-from proxymode.engine.restore import patch_config_data, restore
+from proxymode.engine.restore import patch_config_data, restore, source_config_to_restore
 from proxymode.engine.settle import generation_observed, not_seen
 from proxymode.engine.stages import named, nodes
 
@@ -219,9 +219,8 @@ def _source_config_first(lk: Look) -> bool:
     backup, src_cm = lk.obs.backup, lk.obs.source_config_map
     if backup is None or src_cm is None:
         return True
-    if patch_config_data(
-        lk, src_cm, objects.original_config_data(backup), "restore the source ConfigMap first"
-    ):
+    desired = source_config_to_restore(lk, src_cm, backup)
+    if patch_config_data(lk, src_cm, desired, "restore the source ConfigMap's mode first"):
         return True
     lk.soon(1)
     return False
