@@ -88,6 +88,7 @@ from proxymode.api.status import (
     Preflight,
     ProxyModePolicy,
     StageStatus,
+    Switch,
     VerificationStatus,
 )
 
@@ -150,6 +151,7 @@ __all__ = [
     "StagePhase",
     "StageStatus",
     "StatusModel",
+    "Switch",
     "Template",
     "Verdict",
     "VerificationStatus",

@@ -138,6 +138,13 @@ class Move(StatusModel):
     since: datetime
 
 
+class Switch(StatusModel):
+    """A node that arrived on the target mode while a stage baked, and when."""
+
+    node: str
+    time: datetime
+
+
 MAX_VERIFICATIONS = 5
 """How many verifications status keeps in each list (the latest, the failing ones)."""
 
@@ -189,6 +196,13 @@ class PolicyStatus(StatusModel):
     preflight: Preflight | None = None
     analysis: AnalysisStatus | None = None
     moves: list[Move] = Field(default_factory=list)
+    recent_switches: Annotated[list[Switch], Field(max_length=MAX_NODES_IN_STATUS)] = Field(
+        default_factory=list,
+        description="Nodes that arrived on the target mode while a stage baked (a newcomer,"
+        " a node moved again), and when: the analysis leaves each out of the canary group"
+        " until a whole window has passed since, as its window still holds the old proxy's"
+        " samples. Kept for one analysis window.",
+    )
     backup: BackupRef | None = None
     paused_reason: PauseReason | None = None
     run: int = Field(default=1, description="Which run of this policy (a retry starts the next).")

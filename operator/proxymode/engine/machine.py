@@ -71,6 +71,7 @@ def advance(policy: ProxyModePolicy, observed: Observed) -> Decision:
 
 def _run(look: Look) -> None:
     consume_action(look)
+    _forget_old_switches(look)
     if look.obs.deleting:
         _chain(look, rollback.on_delete(look))
         return
@@ -96,6 +97,15 @@ def _run(look: Look) -> None:
             " on with the new plan, or abort to roll back",
         )
     _chain(look, look.status.phase)
+
+
+def _forget_old_switches(look: Look) -> None:
+    """``recentSwitches`` keeps a node for one analysis window, and only while one runs."""
+    analysis = look.spec.analysis
+    window = analysis.window_seconds if analysis is not None else 0
+    kept = [s for s in look.status.recent_switches if (look.now - s.time).total_seconds() < window]
+    if len(kept) != len(look.status.recent_switches):
+        look.status.recent_switches = kept
 
 
 def _plan_guarded(status: PolicyStatus) -> bool:

@@ -7,7 +7,7 @@ so a lost status write never lets more nodes go down than it allows (``start_mov
 
 from __future__ import annotations
 
-from proxymode.api.models import Move, MoveDirection
+from proxymode.api.models import Move, MoveDirection, Switch
 from proxymode.engine import verify
 from proxymode.engine.actions import SetNodeMode
 from proxymode.engine.look import Look
@@ -158,7 +158,16 @@ def start_moves(
 
 
 def _record_moved(look: Look, node: str) -> None:
-    """A finished forward move: the node's target label is this policy's doing."""
+    """A finished forward move: the node's target label is this policy's doing. While a
+    stage bakes, when it arrived is kept too (``status.recentSwitches``): the analysis
+    leaves the node out of the canary group until its window holds the new proxy alone
+    (a target pod's age said that before, and read a roll of the target DaemonSet's
+    template, every pod new, as every canary just switched: a review)."""
+    index = look.status.current_stage
+    stages = look.status.stages
+    if index is not None and 0 <= index < len(stages) and stages[index].baked_since is not None:
+        switches = [s for s in look.status.recent_switches if s.node != node]
+        look.status.recent_switches = [*switches, Switch(node=node, time=look.now)]
     for stage in look.status.stages:
         if node in stage.nodes and stage.moved is not None and node not in stage.moved:
             stage.moved.append(node)

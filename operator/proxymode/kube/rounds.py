@@ -36,10 +36,10 @@ from proxymode.analysis import (
     node_matcher,
     per_node_query,
 )
-from proxymode.api.models import Analysis, Check, ProxyModePolicy, SecretKeyRef
+from proxymode.api.models import Analysis, Check, ProxyModePolicy, SecretKeyRef, Switch
 from proxymode.engine import gate
 from proxymode.engine.gate import round_due
-from proxymode.engine.observed import AnalysisRound, CheckOutcome, Observed, ProxyKind
+from proxymode.engine.observed import AnalysisRound, CheckOutcome, Observed
 from proxymode.kube import reach
 
 OPERATOR_NAMESPACE_ENV = "POD_NAMESPACE"
@@ -64,28 +64,29 @@ def _switch_floor(policy: ProxyModePolicy) -> datetime | None:
 
 
 def settled_canary(
-    canary: Sequence[str], observed: Observed, floor: datetime | None, window_seconds: int
+    canary: Sequence[str],
+    switches: Sequence[Switch],
+    now: datetime,
+    floor: datetime | None,
+    window_seconds: int,
 ) -> list[str]:
-    """The canary without newcomers whose window still holds their old proxy's samples.
+    """The canary without nodes whose window still holds their old proxy's samples.
 
-    A node that joined the baking stage switched after ``floor`` (its target kube-proxy
-    pod is younger); it joins the group once a whole window has passed since, so the
-    window can stay clipped to ``floor`` alone (issue 9 items 19 and 27).
-    """
+    A node that arrived on the target mode while the stage bakes (a newcomer, a node moved
+    again) switched after ``floor``; it joins the group once a whole window has passed since,
+    so the window can stay clipped to ``floor`` alone (issue 9 items 19 and 27). When it
+    switched is the engine's record (``status.recentSwitches``), not its target pod's age:
+    a roll of the target DaemonSet's template (a person's image bump reaches it) makes every
+    pod new on nodes that never left the target mode, and read as every canary just switched,
+    the group was empty and the rounds "had no canary" (a review)."""
     if floor is None:
         return list(canary)
-    kept = []
-    for name in canary:
-        born = [p.created for p in observed.pods_on(name, ProxyKind.TARGET) if p.created]
-        switched = max(born) if born else None
-        fresh = (
-            switched is not None
-            and switched > floor
-            and (observed.now - switched).total_seconds() < window_seconds
-        )
-        if not fresh:
-            kept.append(name)
-    return kept
+    fresh = {
+        s.node
+        for s in switches
+        if s.time > floor and (now - s.time).total_seconds() < window_seconds
+    }
+    return [name for name in canary if name not in fresh]
 
 
 class Prometheus:
@@ -298,7 +299,9 @@ def run_round(
                 made.close()
     canary, baseline = groups(policy, observed)
     floor = _switch_floor(policy)
-    canary = settled_canary(canary, observed, floor, analysis.window_seconds)
+    canary = settled_canary(
+        canary, policy.status.recent_switches, now, floor, analysis.window_seconds
+    )
     since = (now - floor).total_seconds() if floor is not None else None
     window = clipped_window(analysis.window_seconds, since)
     recorded = policy.status.baseline.metrics if policy.status.baseline else {}

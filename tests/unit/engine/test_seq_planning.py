@@ -394,3 +394,23 @@ def test_a_dropped_canary_stage_s_nodes_stay_recorded_in_mixed_mode() -> None:
     assert nodes_labelled(sim, "nftables") == {f"canary-{i}" for i in (1, 2)} | {
         f"general-{i}" for i in range(1, 5)
     }
+
+
+def test_a_newcomer_that_arrives_while_a_stage_bakes_is_recorded_for_one_window() -> None:
+    """A node that joins the baking canary stage and moves is recorded with the time it
+    arrived (``status.recentSwitches``), so the analysis leaves it out of the canary group
+    for one window; the record goes once the window has passed. A node that never moved
+    (a roll of the target's template makes its pod new) is not recorded."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    analysis = {**ANALYSIS, "windowSeconds": 30}
+    stages = [
+        {"name": "canary", "nodeSelector": CANARY, "bakeSeconds": 600},
+        {"name": "all", "percent": 100, "bakeSeconds": 10},
+    ]
+    run = Run(sim, make_policy(stages=stages, analysis=analysis))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    assert run.policy.status.recent_switches == [], "the stage's own nodes came before it"
+    sim.add_node("canary-3", "canary")
+    run.until(lambda p: any(s.node == "canary-3" for s in p.status.recent_switches))
+    assert [s.node for s in run.policy.status.recent_switches] == ["canary-3"]
+    run.until(lambda p: not p.status.recent_switches, limit=40)
