@@ -97,6 +97,15 @@ def _run(look: Look) -> None:
             " on with the new plan, or abort to roll back",
         )
     _chain(look, look.status.phase)
+    if spec.paused and look.status.phase == Phase.ROLLING_BACK:
+        said = look.status.message or "rolling back"
+        if NO_PAUSE not in said:
+            look.status.message = f"{said}{NO_PAUSE}"
+
+
+NO_PAUSE = "; spec.paused does not hold a rollback: it runs to its end"
+"""Said while a rollback runs with ``spec.paused`` true (a review saw the pause ignored
+without a word): a half-done rollback is the state a pause must never leave."""
 
 
 def _forget_old_switches(look: Look) -> None:

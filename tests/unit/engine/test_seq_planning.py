@@ -414,3 +414,29 @@ def test_a_newcomer_that_arrives_while_a_stage_bakes_is_recorded_for_one_window(
     run.until(lambda p: any(s.node == "canary-3" for s in p.status.recent_switches))
     assert [s.node for s in run.policy.status.recent_switches] == ["canary-3"]
     run.until(lambda p: not p.status.recent_switches, limit=40)
+
+
+def test_a_plan_edit_taken_back_says_so_and_a_pause_during_a_rollback_is_said_to_do_nothing() -> (
+    None
+):
+    """A review: a stage added, then removed again, left the pause saying "the stage plan
+    changed mid-rollout"; and spec.paused during a rollback was ignored without a word."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    stages = [{**s, "bakeSeconds": 600} for s in THREE_STAGES]
+    run = Run(sim, make_policy(stages=stages))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    original = run.policy
+    run.policy = with_spec(run.policy, stages=[*stages, {"name": "extra", "percent": 100}])
+    run.step()
+    assert paused_code(run.policy.status) == "PlanChanged"
+    run.policy = with_spec(run.policy, stages=original.spec.wire()["stages"])
+    run.step()
+    assert run.policy.status.phase == Phase.PAUSED
+    assert "the stage plan is the one in flight again" in (run.policy.status.message or "")
+    sim.action = "abort"
+    run.policy = with_spec(run.policy, paused=True)
+    run.until(lambda p: p.status.phase == Phase.ROLLING_BACK)
+    run.step()
+    assert "spec.paused does not hold a rollback" in (run.policy.status.message or "")
+    run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED))
+    assert run.policy.status.phase == Phase.ROLLED_BACK

@@ -7,6 +7,7 @@ from proxymode.api.reasons import EventReason, PauseReason
 from proxymode.engine import moves, node_checks, walk
 from proxymode.engine.commands import resume
 from proxymode.engine.look import Look
+from proxymode.engine.planner import plan_hash
 
 
 def look(lk: Look) -> Phase | None:
@@ -23,6 +24,17 @@ def look(lk: Look) -> Phase | None:
         if lk.status.message != failure:
             lk.status.message = failure
             lk.event(EventReason.BREACH_WHILE_PAUSED, failure, warning=True)
+    if (
+        lk.status.paused_reason == PauseReason.PLAN_CHANGED
+        and lk.status.plan_hash
+        and plan_hash(lk.spec) == lk.status.plan_hash
+        and not failure
+    ):
+        # The edit was taken back (a review saw the pause still say the plan changed).
+        lk.status.message = (
+            "the stage plan is the one in flight again; annotate proxymode.io/action=resume"
+            " to go on"
+        )
     if lk.force_promote and lk.status.resume_phase == Phase.ANALYZING:
         return _resume(lk)
     if lk.status.paused_reason == PauseReason.NO_DATA and data_returned(lk):
