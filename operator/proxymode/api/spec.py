@@ -118,7 +118,7 @@ class LabelSelector(ApiModel):
     @classmethod
     def _label_keys(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
         for key in labels or {}:
-            if not re.match(LABEL_KEY, key):
+            if not re.fullmatch(LABEL_KEY, key):
                 raise ValueError(f"a matchLabels key {key!r} {KEY_MESSAGE}")
         return labels
 

@@ -97,10 +97,12 @@ def _run(look: Look) -> None:
             " on with the new plan, or abort to roll back",
         )
     _chain(look, look.status.phase)
+    said = look.status.message or ""
     if spec.paused and look.status.phase == Phase.ROLLING_BACK:
-        said = look.status.message or "rolling back"
         if NO_PAUSE not in said:
-            look.status.message = f"{said}{NO_PAUSE}"
+            look.status.message = f"{said or 'rolling back'}{NO_PAUSE}"
+    elif NO_PAUSE in said:
+        look.status.message = said.replace(NO_PAUSE, "")
 
 
 NO_PAUSE = "; spec.paused does not hold a rollback: it runs to its end"

@@ -177,10 +177,24 @@ class Reconciler:
         try:
             policy = models.from_wire(body)
         except ValidationError as e:
-            # The API server's schema and CEL should have refused this; say so, act on nothing.
+            # The API server's schema and CEL should have refused this (a spec stored before
+            # a CRD upgrade that added a rule); say so, act on nothing.
             message = f"the policy is invalid and was not acted on: {_first_error(e)}"
+            backup = (body.get("status") or {}).get("backup")
+            if backup:
+                # A run that changed the cluster: its rollback needs a valid spec, and letting
+                # the finalizer go would leave its nodes on the target with nobody to bring
+                # them back (a review: a selector the new rules refuse, then a delete).
+                message += (
+                    f"; this run changed the cluster (snapshot {backup.get('namespace')}/"
+                    f"{backup.get('name')}): fix the spec and it goes on, or rolls back if"
+                    " deleted; the finalizer stays until then"
+                )
             self._store(name, {"phase": Phase.FAILED.value, "message": message}, body)
-            return Outcome(requeue_seconds=60, release_finalizer=deleting, phase=Phase.FAILED)
+            deleting = deleting or bool(body["metadata"].get("deletionTimestamp"))
+            return Outcome(
+                requeue_seconds=60, release_finalizer=deleting and not backup, phase=Phase.FAILED
+            )
         clock.done("read")  # the GET and the parse of the policy
         deleting = deleting or bool(body["metadata"].get("deletionTimestamp"))
         now = datetime.now(UTC)

@@ -438,5 +438,8 @@ def test_a_plan_edit_taken_back_says_so_and_a_pause_during_a_rollback_is_said_to
     run.until(lambda p: p.status.phase == Phase.ROLLING_BACK)
     run.step()
     assert "spec.paused does not hold a rollback" in (run.policy.status.message or "")
+    run.policy = with_spec(run.policy, paused=False)
+    run.step()
+    assert "spec.paused" not in (run.policy.status.message or ""), "said after it went"
     run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED))
     assert run.policy.status.phase == Phase.ROLLED_BACK
