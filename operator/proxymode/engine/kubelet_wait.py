@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from proxymode.api.models import Move
-from proxymode.engine.observed import Observed
+from proxymode.engine.observed import Observed, ProxyPod
 
 
 def hold(move: Move, now: datetime, switch_deadline: int) -> None:
@@ -47,11 +47,23 @@ def back(node: str, observed: Observed) -> datetime | None:
     return view.ready_since
 
 
-def lived_through(created: datetime | None, node: str, observed: Observed) -> bool:
-    """A pod made before its node's kubelet last came back: it lived through the outage.
-    A reboot restarts every container, so its restart count says nothing about kube-proxy;
-    whether it becomes Ready again within the ready timeout (from the return) does."""
-    return outlived(created, node, observed)
+RESTART_SLACK_SECONDS = 60
+"""How long after the kubelet's return a container's end still counts as the outage's: a
+rebooted node's runtime records its old containers' end as it starts, about when the
+kubelet comes back."""
+
+
+def restarts_excused(pod: ProxyPod, node: str, observed: Observed) -> bool:
+    """The pod's restarts all came with its node's outage: it was made before the kubelet
+    last came back and its container last ended no later than then (a reboot restarts
+    every container). Its readiness is still judged, from the return. A restart after the
+    return counts as any other: a blip of the kubelet does not excuse the pod's later
+    crashes (a review)."""
+    returned = back(node, observed)
+    if returned is None or pod.created is None or pod.created >= returned:
+        return False
+    ended = pod.last_terminated
+    return ended is None or (ended - returned).total_seconds() <= RESTART_SLACK_SECONDS
 
 
 def since(move: Move, observed: Observed) -> datetime:

@@ -245,7 +245,7 @@ def _arriving(move: Move, observed: Observed, ctx: MoveContext) -> MoveStep:
         for p in pods
         if p.restarts > 0
         and not p.ready
-        and not kubelet_wait.lived_through(p.created, move.node, observed)
+        and not kubelet_wait.restarts_excused(p, move.node, observed)
     ]
     if crashed and move.direction == MoveDirection.FORWARD:
         # A new kube-proxy that exits before it is ever Ready (CrashLoopBackOff: a mode the

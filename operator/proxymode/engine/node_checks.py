@@ -32,7 +32,7 @@ def health_failure(look: Look) -> str | None:
             continue
         for pod in look.obs.pods_on(name):
             where = f"kube-proxy pod {pod.name} on node {name}"
-            rebooted = kubelet_wait.lived_through(pod.created, name, look.obs)
+            rebooted = kubelet_wait.restarts_excused(pod, name, look.obs)
             if pod.restarts > 0 and not rebooted:
                 times = "time" if pod.restarts == 1 else "times"
                 return f"{where} restarted {pod.restarts} {times}"

@@ -72,6 +72,9 @@ class ProxyPod:
     """When the pod's Ready condition last changed (its ``lastTransitionTime``): a pod not
     Ready is timed from here, so one failed probe on a pod Ready for an hour is not taken
     for an hour of not being Ready. None: unknown (then its creation time counts)."""
+    last_terminated: datetime | None = None
+    """When its container last ended (``lastState.terminated.finishedAt``): a restart the
+    kubelet made after a reboot ended before the kubelet was back, a crash after it."""
     template_generation: int | None = None
     """The pod's ``pod-template-generation`` label: the DaemonSet template generation it was
     made from (the DaemonSet's ``deprecated.daemonset.template.generation`` annotation)."""

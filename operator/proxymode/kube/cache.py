@@ -91,12 +91,25 @@ class PodRecord:
     """The pod's ``proxymode.io/config-hash`` annotation (which target template made it)."""
     template_generation: str | None = None
     """The pod's ``pod-template-generation`` label (which DaemonSet template made it)."""
+    last_terminated: str | None = None
+    """The latest ``lastState.terminated.finishedAt`` of its containers, as the API sent it."""
 
 
 @dataclass(frozen=True)
 class JobRecord:
     policy: str
     view: CleanupJobView
+
+
+def last_terminated(status: Mapping[str, Any]) -> str | None:
+    """The latest ``lastState.terminated.finishedAt`` of a pod's containers (RFC 3339 text
+    of one format compares as time), or None."""
+    ends = [
+        str(t["finishedAt"])
+        for c in status.get("containerStatuses") or []
+        if (t := ((c.get("lastState") or {}).get("terminated") or {})).get("finishedAt")
+    ]
+    return max(ends) if ends else None
 
 
 def pod_record(pod: Mapping[str, Any]) -> PodRecord:
@@ -121,6 +134,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         mirror=MIRROR_ANNOTATION in (meta.get("annotations") or {}),
         config_hash=(meta.get("annotations") or {}).get(CONFIG_HASH_ANNOTATION),
         template_generation=(meta.get("labels") or {}).get(TEMPLATE_GENERATION_LABEL),
+        last_terminated=last_terminated(status),
         finished=status.get("phase") in ("Succeeded", "Failed")
         or any(
             (c.get("state") or {}).get("terminated") for c in status.get("containerStatuses") or []

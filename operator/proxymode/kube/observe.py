@@ -41,6 +41,7 @@ from proxymode.kube.cache import (
     TEMPLATE_GENERATION_LABEL,
     ClusterCache,
     PodRecord,
+    last_terminated,
 )
 from proxymode.kube.object_cache import Key, objects_of, read_object
 from proxymode.kube.watched import LIST_PAGE
@@ -144,6 +145,7 @@ def proxy_pod(pod: Object, kind: ProxyKind) -> ProxyPod:
         template_generation=_int(
             (pod["metadata"].get("labels") or {}).get(TEMPLATE_GENERATION_LABEL)
         ),
+        last_terminated=_time(last_terminated(pod.get("status") or {})),
     )
 
 
@@ -173,6 +175,7 @@ def _from_record(record: PodRecord, kind: ProxyKind) -> ProxyPod:
         ready_changed=_time(record.ready_changed),
         config_hash=record.config_hash,
         template_generation=_int(record.template_generation),
+        last_terminated=_time(record.last_terminated),
     )
 
 

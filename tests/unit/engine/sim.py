@@ -98,6 +98,7 @@ class SimPod:
     ready_changed: datetime | None = None  # the Ready condition's lastTransitionTime
     config_hash: str | None = None  # its template's proxymode.io/config-hash annotation
     template_generation: int | None = None  # its pod-template-generation label
+    last_terminated: datetime | None = None  # when its container last ended
 
     def note_readiness(self, now: datetime) -> None:
         """What the kubelet does: stamp the Ready condition's transition time."""
@@ -244,6 +245,7 @@ class Sim:
             pod.age += 1
             if pod.crashloop:
                 pod.restarts += 1
+                pod.last_terminated = self.now
         frozen = self.stuck | self.down
         self.pods = [
             p
@@ -466,6 +468,7 @@ class Sim:
                 ready_changed=p.ready_changed,
                 config_hash=p.config_hash,
                 template_generation=p.template_generation,
+                last_terminated=p.last_terminated,
             )
             for p in self.pods
         )

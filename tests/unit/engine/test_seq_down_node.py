@@ -585,11 +585,35 @@ def test_a_moved_node_rebooted_is_judged_by_readiness_not_its_restart_count() ->
     run.until(phase_is(Phase.ANALYZING))
     sim.down.add("canary-1")
     run.steps(10)
-    sim.down.clear()
-    for pod in sim.proxies_on("canary-1"):
+    for pod in sim.proxies_on("canary-1"):  # the runtime records the old container's end
         pod.restarts += 1
+        pod.last_terminated = sim.now
+    sim.down.clear()
     run.until(phase_is(Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED, Phase.PAUSED))
     assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.rollback_message
+
+
+@pytest.mark.parametrize("blip", [True, False])
+def test_a_crash_after_the_kubelet_is_back_still_counts(blip: bool) -> None:
+    """The excuse is for the outage's own restarts only. canary-1's kubelet blips (two
+    looks, no container restarted), then, well after its return, its kube-proxy crashes
+    once and is Ready again: a KubeProxyUnhealthy rollback, as without the blip (a review:
+    any outage had switched the restart check off for the rest of the pod's life)."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    stages = [{**s, "bakeSeconds": 600} for s in THREE_STAGES]
+    run = Run(sim, make_policy(stages=stages))
+    run.until(phase_is(Phase.ANALYZING))
+    if blip:
+        sim.down.add("canary-1")
+        run.steps(2)
+        sim.down.clear()
+    run.steps(20)  # 100 s on: far past the slack
+    for pod in sim.proxies_on("canary-1"):
+        pod.restarts += 1
+        pod.last_terminated = sim.now
+    run.until(phase_is(Phase.ROLLED_BACK, Phase.FAILED, Phase.COMPLETED), limit=100)
+    assert run.policy.status.phase == Phase.ROLLED_BACK
+    assert "restarted 1 time" in (run.policy.status.rollback_message or "")
 
 
 def test_a_kubelet_clock_ahead_does_not_stop_the_move_deadlines() -> None:

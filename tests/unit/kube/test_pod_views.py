@@ -29,3 +29,20 @@ def test_a_missing_or_odd_generation_is_unknown() -> None:
     assert proxy_pod(_pod({}), ProxyKind.SOURCE).template_generation is None
     odd = _pod({"pod-template-generation": "seven"})
     assert proxy_pod(odd, ProxyKind.SOURCE).template_generation is None
+
+
+def test_the_latest_container_end_is_read_by_both_paths() -> None:
+    """When a pod's container last ended tells a reboot's restart (before the kubelet was
+    back) from a crash after it."""
+    pod = _pod({})
+    pod["status"] = {
+        "containerStatuses": [
+            {"lastState": {"terminated": {"finishedAt": "2026-12-07T09:00:05Z"}}},
+            {"lastState": {"terminated": {"finishedAt": "2026-12-07T09:01:00Z"}}},
+            {"lastState": {}},
+        ]
+    }
+    ended = proxy_pod(pod, ProxyKind.SOURCE).last_terminated
+    assert ended is not None and ended.isoformat() == "2026-12-07T09:01:00+00:00"
+    assert pod_record(pod).last_terminated == "2026-12-07T09:01:00Z"
+    assert proxy_pod(_pod({}), ProxyKind.SOURCE).last_terminated is None
