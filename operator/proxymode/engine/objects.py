@@ -24,6 +24,7 @@ from typing import Any
 import jsonpatch
 
 from proxymode.engine import naming
+from proxymode.engine.actions import PatchObject
 from proxymode.engine.observed import (
     CONFIG_HASH_ANNOTATION,
     MANAGED_BY,
@@ -37,6 +38,10 @@ BACKUP_DAEMON_SET = "daemonset.json"
 BACKUP_CONFIG_MAP = "configmap.json"
 BACKUP_NODES = "nodes.json"
 BACKUP_RUN = "run"
+BACKUP_BEFORE_FINALIZE = "config-before-finalize"
+"""The source ConfigMap's configuration text as Finalizing found it, kept before it writes
+the target mode there: a rollback after Finalizing puts this back, with a person's edit
+made during the run, rather than the snapshot's text."""
 JOB_NODE_LABEL = "proxymode.io/node"
 """On the operator's Jobs and their pods: the node, as a label value (for people's selectors).
 A node name may be 253 characters, a label value 63: a longer one is shortened with a hash
@@ -355,6 +360,18 @@ def backup_object(policy: str, uid: str, namespace: str, data: Mapping[str, str]
 def original_spec(backup: Mapping[str, str]) -> dict[str, Any]:
     spec: dict[str, Any] = json.loads(backup[BACKUP_DAEMON_SET])["spec"]
     return spec
+
+
+def before_finalize_patch(policy: str, namespace: str, text: str) -> PatchObject:
+    """Keep ``text`` in the snapshot as what Finalizing found (``BACKUP_BEFORE_FINALIZE``)."""
+    return PatchObject(
+        "v1",
+        "ConfigMap",
+        namespace,
+        naming.backup_config_map(policy),
+        [{"op": "add", "path": f"/data/{BACKUP_BEFORE_FINALIZE}", "value": text}],
+        why="keep the source configuration as Finalizing found it, for a rollback",
+    )
 
 
 def original_config_data(backup: Mapping[str, str]) -> dict[str, str]:

@@ -138,18 +138,22 @@ def source_config_to_restore(look: Look, cm: Object, backup: Mapping[str, str]) 
     overrides, into its configuration key). While that key's mode is still the snapshot's,
     the write is not there and every difference is a person's edit (a review saw an abort
     put back a ``tcpBeLiberal`` a person had set mid-bake): nothing changes. Once it is
-    there, that key goes back to the snapshot; other keys keep what they hold now."""
+    there, that key goes back to the text Finalizing found (kept in the snapshot before it
+    wrote: a person's edit made during the run stays), else to the snapshot's; other keys
+    keep what they hold now."""
     original = objects.original_config_data(backup)
     current = {str(k): str(v) for k, v in (cm.get("data") or {}).items()}
     key = look.spec.kube_proxy.config_key
     if key not in original:
         return original
-    if key in current and _mode(current[key]) == _mode(original[key]):
+    if key in current and config_mode(current[key]) == config_mode(original[key]):
         return current
-    return {**current, key: original[key]}
+    found = backup.get(objects.BACKUP_BEFORE_FINALIZE)
+    return {**current, key: found if found is not None else original[key]}
 
 
-def _mode(text: str) -> str | None:
+def config_mode(text: str) -> str | None:
+    """The mode a kube-proxy configuration text sets (None when it does not parse)."""
     try:
         return parse_config(text).mode
     except ConfigError:

@@ -113,7 +113,8 @@ def _abort_in(phase: Phase, stage: int = 0) -> Callable[[], GoldenRun]:
             lambda p: (
                 p.status.phase == phase
                 and (p.status.current_stage or 0) >= stage
-                and (phase != Phase.PROGRESSING or bool(p.status.moves))
+                # Finalizing: with a hand-back in flight, the source ConfigMap written.
+                and (phase not in (Phase.PROGRESSING, Phase.FINALIZING) or bool(p.status.moves))
             )
         )
         run.sim.action = "abort"

@@ -262,8 +262,9 @@ def test_finalize_names_the_kubelet_of_a_node_down_at_the_target() -> None:
     run.until(lambda p: p.status.phase == Phase.FINALIZING)
     assert sim.nodes["general-4"].labels.get(MODE_LABEL) == "nftables"
     sim.down.add("general-4")
-    run.step()
-    assert "the kubelet of node general-4 is not Ready" in run.policy.status.message
+    run.until(
+        lambda p: "the kubelet of node general-4 is not Ready" in (p.status.message or ""), limit=3
+    )
     run.until(phase_is(Phase.PAUSED, Phase.COMPLETED, Phase.FAILED), limit=300)
     status = run.policy.status
     assert status.phase == Phase.PAUSED, status.message

@@ -129,3 +129,21 @@ def test_a_persons_config_edit_mid_bake_is_kept_by_finalize() -> None:
     assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
     assert config_mode(sim) == "nftables"
     assert _is_liberal(sim), "finalize dropped the person's edit"
+
+
+def test_a_persons_config_edit_mid_bake_survives_an_abort_after_finalize_wrote() -> None:
+    """The same edit, then Finalizing writes nftables (keeping it), then an abort: the
+    rollback put the configuration back to the snapshot's text, the edit with it (a
+    review). Finalizing now keeps the text it replaces in the snapshot first, and the
+    rollback puts that back: iptables again, the edit kept."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    run = Run(sim, make_policy(finalize=True))
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    _liberal(sim)
+    run.until(lambda p: p.status.phase == Phase.FINALIZING and config_mode(sim) == "nftables")
+    assert _is_liberal(sim)
+    sim.action = "abort"
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
+    assert config_mode(sim) == "iptables"
+    assert _is_liberal(sim), "the person's edit was undone by the rollback"

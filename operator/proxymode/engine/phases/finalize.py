@@ -11,7 +11,12 @@ from proxymode.api.reasons import EventReason, FailureReason, PauseReason
 from proxymode.engine import node_checks, objects, target_roll, walk
 from proxymode.engine.look import Look
 from proxymode.engine.observed import Object
-from proxymode.engine.restore import delete_target_pair, patch_config_data, restore_source_spec
+from proxymode.engine.restore import (
+    config_mode,
+    delete_target_pair,
+    patch_config_data,
+    restore_source_spec,
+)
 from proxymode.engine.settle import not_seen, source_settled, waiting_on
 from proxymode.engine.setup import kube_proxy_version
 from proxymode.engine.stages import nodes
@@ -24,28 +29,7 @@ def look(lk: Look) -> Phase | None:
     if backup is None or src_ds is None or src_cm is None:
         lk.fail(FailureReason.FINALIZE_BLOCKED, "the backup or the source objects are missing")
         return None
-    key = lk.spec.kube_proxy.config_key
-    original = objects.original_config_data(backup)
-    # Rendered from the ConfigMap as it is now, not from the snapshot: a person's edit made
-    # since the run began (a review: tcpBeLiberal set mid-bake) is kept, and rendering the
-    # mode into its own output changes nothing, so later looks write nothing.
-    current = {str(k): str(v) for k, v in (src_cm.get("data") or {}).items()}
-    base = current if key in current else original
-    try:
-        final = with_mode(
-            parse_config(base[key]),
-            lk.target_mode,
-            version=kube_proxy_version(lk),
-            overrides=lk.spec.config_overrides,
-        ).to_yaml()
-    except (ConfigError, KeyError) as e:
-        lk.fail(FailureReason.FINALIZE_BLOCKED, f"cannot render the final configuration: {e}")
-        return None
-    desired = {**base, key: final}
-    if not patch_config_data(
-        lk, src_cm, desired, f"write mode {lk.spec.target_mode} into the source ConfigMap"
-    ):
-        lk.requeue = 1
+    if not _final_config_written(lk, backup, src_cm):
         return None
     failure = walk.drive(lk, MoveDirection.HANDBACK)
     if failure:
@@ -66,6 +50,53 @@ def look(lk: Look) -> Phase | None:
         )
         lk.requeue = 1  # the next look tidies up the snapshot
     return None
+
+
+def _final_config_written(lk: Look, backup: Mapping[str, str], src_cm: Object) -> bool:
+    """The target mode in the source ConfigMap; True once it is there."""
+    key = lk.spec.kube_proxy.config_key
+    original = objects.original_config_data(backup)
+    # Rendered from the ConfigMap as it is now, not from the snapshot: a person's edit made
+    # since the run began (a review: tcpBeLiberal set mid-bake) is kept, and rendering the
+    # mode into its own output changes nothing, so later looks write nothing.
+    current = {str(k): str(v) for k, v in (src_cm.get("data") or {}).items()}
+    base = current if key in current else original
+    try:
+        final = with_mode(
+            parse_config(base[key]),
+            lk.target_mode,
+            version=kube_proxy_version(lk),
+            overrides=lk.spec.config_overrides,
+        ).to_yaml()
+    except (ConfigError, KeyError) as e:
+        lk.fail(FailureReason.FINALIZE_BLOCKED, f"cannot render the final configuration: {e}")
+        return False
+    desired = {**base, key: final}
+    if not _kept_before_finalize(lk, backup, current.get(key), final):
+        return False
+    if not patch_config_data(
+        lk, src_cm, desired, f"write mode {lk.spec.target_mode} into the source ConfigMap"
+    ):
+        lk.requeue = 1
+        return False
+    return True
+
+
+def _kept_before_finalize(
+    lk: Look, backup: Mapping[str, str], text: str | None, final: str
+) -> bool:
+    """Before the target mode is written into the source configuration, the text it
+    replaces is kept in the snapshot (``objects.BACKUP_BEFORE_FINALIZE``): a rollback after
+    Finalizing puts it back with a person's edit made during the run, not the snapshot's
+    text (a review saw such an edit lost). True when kept, or nothing is to be written."""
+    if text is None or text == final or backup.get(objects.BACKUP_BEFORE_FINALIZE) == text:
+        return True
+    original = objects.original_config_data(backup).get(lk.spec.kube_proxy.config_key)
+    if original is not None and config_mode(text) != config_mode(original):
+        return True  # the operator's write is there already (a person's edit after it)
+    lk.actions.append(objects.before_finalize_patch(lk.name, lk.spec.kube_proxy.namespace, text))
+    lk.requeue = 1
+    return False
 
 
 def _hand_back(lk: Look, labelled: list[str]) -> None:
