@@ -329,7 +329,7 @@ class PolicySpec(ApiModel):
             if value < 1:
                 raise ValueError("maxUnavailable must be a whole number of nodes (1 or more)")
             return value
-        if not PERCENT.match(value):
+        if not PERCENT.fullmatch(value):
             raise ValueError(
                 "maxUnavailable must be a whole number of nodes (1 or more) or a percent"
                 " from 1% to 100%"

@@ -47,10 +47,11 @@ def back(node: str, observed: Observed) -> datetime | None:
     return view.ready_since
 
 
-RESTART_SLACK_SECONDS = 60
+RESTART_SLACK_SECONDS = 10
 """How long after the kubelet's return a container's end still counts as the outage's: a
-rebooted node's runtime records its old containers' end as it starts, about when the
-kubelet comes back."""
+rebooted node's runtime records its old containers' end as it starts, before the kubelet
+posts Ready; the slack is for the two clocks (kubelet's, runtime's). A crash in it is
+judged by readiness alone (a review found a minute too generous)."""
 
 
 def restarts_excused(pod: ProxyPod, node: str, observed: Observed) -> bool:

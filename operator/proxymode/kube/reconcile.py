@@ -187,10 +187,17 @@ class Reconciler:
                 # them back (a review: a selector the new rules refuse, then a delete).
                 message += (
                     f"; this run changed the cluster (snapshot {backup.get('namespace')}/"
-                    f"{backup.get('name')}): fix the spec and it goes on, or rolls back if"
-                    " deleted; the finalizer stays until then"
+                    f"{backup.get('name')}): nothing is done until the spec is fixed, then it"
+                    " goes on from where it was (or rolls back, if deleted); the finalizer"
+                    " stays until then"
                 )
-            self._store(name, {"phase": Phase.FAILED.value, "message": message}, body)
+            if backup:
+                # Only the words: the run's own phase stays, so it goes on (or rolls back)
+                # from where it was once the spec is valid; Failed has no way back (a review
+                # saw a rollback half done, a node without any kube-proxy, frozen there).
+                self._store(name, {"message": message}, body)
+            else:
+                self._store(name, {"phase": Phase.FAILED.value, "message": message}, body)
             deleting = deleting or bool(body["metadata"].get("deletionTimestamp"))
             return Outcome(
                 requeue_seconds=60, release_finalizer=deleting and not backup, phase=Phase.FAILED

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from kubernetes import client
 
-from proxymode.api.models import Phase
+from proxymode.api.models import Phase, ProxyModePolicy
 from proxymode.kube.reconcile import Reconciler
+from proxymode.kube.status_merge import merged
 from tests.unit.engine.seq import Run, make_policy, phase_is
 from tests.unit.engine.sim import Sim
 
@@ -56,5 +58,57 @@ def test_an_in_flight_policy_with_a_now_refused_selector_is_not_let_go_without_a
         " canary-1 has no kube-proxy"
     )
     said = stored[-1]["message"]
-    assert stored[-1]["phase"] == "Failed" and "this run changed the cluster" in said, said
-    assert "fix the spec" in said, said
+    assert "phase" not in stored[-1], "the run's own phase is kept, to go on from"
+    assert "this run changed the cluster" in said and "the spec is fixed" in said, said
+
+
+def _invalid_look(run: Run) -> str:
+    """One look of the real reconciler at the policy stored with a now-refused selector
+    (not deleted), its status write merged as the server would; returns its message."""
+    body: dict[str, Any] = {
+        "apiVersion": "proxymode.io/v1alpha1",
+        "kind": "ProxyModePolicy",
+        "metadata": {**run.policy.metadata, "finalizers": ["proxymode.io/rollback"]},
+        "spec": run.policy.spec.wire(),
+        "status": json.loads(run.policy.status.model_dump_json(by_alias=True)),
+    }
+    body["spec"]["stages"][0]["nodeSelector"] = {
+        "matchExpressions": [{"key": "pool", "operator": "Exists", "values": ["canary"]}]
+    }
+    rec = Reconciler(client.ApiClient())
+    stored: list[dict[str, Any]] = []
+    rec.read = lambda name: body  # type: ignore[method-assign]
+    rec._store = lambda name, status, b: stored.append(status) or True  # type: ignore[method-assign]
+    outcome = rec._once("to-nft", deleting=False)
+    assert not outcome.release_finalizer
+    status = merged(body["status"], stored[-1])
+    run.policy = ProxyModePolicy.model_validate(  # the spec fixed: the valid one again
+        {"metadata": run.policy.metadata, "spec": run.policy.spec.wire(), "status": status}
+    )
+    run._publish()
+    return str(stored[-1]["message"])
+
+
+@pytest.mark.parametrize("when", ["analyzing", "rolling-back"])
+def test_once_the_spec_is_fixed_the_run_goes_on_from_where_it_was(when: str) -> None:
+    """The look that cannot read the spec used to write phase Failed over the run's own:
+    Failed has no way back, so with the spec fixed the run stayed there, and a rollback
+    half done left canary-1 at switching without any kube-proxy (a review). It now writes
+    only its words; the run goes on from its phase once the spec is valid."""
+    sim = Sim.cluster({"canary": 1, "general": 2})
+    stages = [
+        {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}, "bakeSeconds": 60},
+        {"name": "all", "percent": 100, "bakeSeconds": 0},
+    ]
+    run = Run(sim, make_policy(stages=stages))
+    run.until(phase_is(Phase.ANALYZING))
+    if when == "rolling-back":
+        sim.action = "abort"
+        run.until(phase_is(Phase.ROLLING_BACK))
+    before = run.policy.status.phase
+    said = _invalid_look(run)
+    assert "nothing is done until the spec is fixed" in said, said
+    assert run.policy.status.phase == before, "the run's phase was overwritten"
+    run.until(phase_is(Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED))
+    want = Phase.COMPLETED if when == "analyzing" else Phase.ROLLED_BACK
+    assert run.policy.status.phase == want, run.policy.status.message
