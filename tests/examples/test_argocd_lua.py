@@ -37,7 +37,7 @@ from kubernetes.client.exceptions import ApiException
 from proxymode.api.models import GROUP, KIND, VERSION, Phase, PolicySpec, ProxyModePolicy
 from proxymode.engine import summary
 from proxymode.engine.actions import ClearAction, Decision, EmitEvent
-from proxymode.engine.machine import advance
+from proxymode.engine.machine import NO_PAUSE, advance
 from proxymode.engine.observed import ACTION_ANNOTATION, AnalysisRound, CheckOutcome, ClusterFacts
 from proxymode.kube.observe import Observer
 from tests.unit.engine.sim import T0, Sim
@@ -658,11 +658,14 @@ look drops the previous run's snapshot, the second runs preflight, the third pau
 
 def _trace(world: World, looks: int) -> list[Any]:
     """What the engine decides over ``looks`` looks, minus the bookkeeping of the action
-    itself (its Event, the ``handledAction`` field, the annotation's removal)."""
+    itself (its Event, the ``handledAction`` field, the annotation's removal, and the words
+    that a pause does not hold a rollback: saying so is not acting on it)."""
     out: list[Any] = []
     for _ in range(looks):
         decision = world.step()
         status = decision.status.model_dump(mode="json", exclude={"handled_action"})
+        for said in [status, *status.get("conditions", [])]:
+            said["message"] = (said.get("message") or "").replace(NO_PAUSE, "")
         acts = [repr(a) for a in decision.actions if not isinstance(a, EmitEvent | ClearAction)]
         out.append((status, acts))
     return out
