@@ -134,7 +134,8 @@ def resume(look: Look, reason: EventReason = EventReason.RESUMED, why: str = "")
     target = look.status.resume_phase or Phase.PROGRESSING
     look.status.paused_reason = None
     look.status.resume_phase = None
-    look.transition(target, reason, f"{why}resumed in phase {target}")
+    # "goes on from": a resume to Progressing may move on to Analyzing in the same look.
+    look.transition(target, reason, f"{why}resumed; the run goes on from phase {target}")
 
 
 def retry(look: Look) -> None:
