@@ -28,7 +28,7 @@ def health_failure(look: Look) -> str | None:
         node = look.obs.node(name)
         if node is None or node.mode_label != look.target_mode or name in moving:
             continue
-        if not node.ready:
+        if look.obs.kubelet_down(name):
             continue
         for pod in look.obs.pods_on(name):
             where = f"kube-proxy pod {pod.name} on node {name}"
@@ -50,18 +50,30 @@ def health_failure(look: Look) -> str | None:
     return None
 
 
-def kubelets_waited(look: Look, names: list[str]) -> str:
-    """``; the kubelet of node a is not Ready: ...``, for the nodes of ``names`` the walk
-    waits on because their kubelet is down (no move starts there, one in flight holds, a
-    moved one is not counted moved), or empty."""
+def kubelets_down(look: Look, names: list[str], then: tuple[str, str]) -> str:
+    """``; the kubelet of node a is not Ready: <then>`` for the nodes of ``names`` whose
+    kubelet is down, or empty: why a wait on them may be long. ``then`` is said for one
+    node, or for several."""
     down = [n for n in names if look.obs.kubelet_down(n)]
     if not down:
         return ""
     one = len(down) == 1
     return (
         f"; the kubelet{'' if one else 's'} of {named(down)} {'is' if one else 'are'} not"
-        f" Ready: {'its' if one else 'their'} move waits until {'it is' if one else 'they are'}"
-        " Ready again (or the Node is deleted)"
+        f" Ready: {then[0] if one else then[1]}"
+    )
+
+
+def kubelets_waited(look: Look, names: list[str]) -> str:
+    """``kubelets_down`` for the walk: no move starts there, one in flight holds, a moved
+    node is not counted moved."""
+    return kubelets_down(
+        look,
+        names,
+        (
+            "its move waits until it is Ready again (or the Node is deleted)",
+            "their move waits until they are Ready again (or the Node is deleted)",
+        ),
     )
 
 

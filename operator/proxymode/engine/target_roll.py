@@ -23,7 +23,7 @@ case, docs/reliability.md finding 12). So the roll is treated like one more move
 
 from __future__ import annotations
 
-from proxymode.engine import moves, walk
+from proxymode.engine import moves, node_checks, walk
 from proxymode.engine.actions import PatchObject
 from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, ProxyKind, ProxyPod
@@ -125,15 +125,12 @@ def stop(look: Look) -> None:
     )
 
 
+NOTHING_MOVES = "no pod starts or stops there"
+
+
 def _kubelets_down(look: Look, nodes: list[str]) -> str:
-    """``; the kubelet of node a is not Ready``: why a wait on these nodes may be long (no
-    pod starts or stops there until it is back; a review saw the roll wait unexplained)."""
-    down = [n for n in nodes if look.obs.kubelet_down(n)]
-    if not down:
-        return ""
-    whose = "the kubelet of" if len(down) == 1 else "the kubelets of"
-    verb = "is" if len(down) == 1 else "are"
-    return f"; {whose} {named(down)} {verb} not Ready: no pod starts or stops there"
+    """Why a roll's wait on these nodes may be long (a review saw it unexplained)."""
+    return node_checks.kubelets_down(look, nodes, (NOTHING_MOVES, NOTHING_MOVES))
 
 
 def _target_pods(look: Look) -> list[ProxyPod]:
