@@ -32,6 +32,11 @@ THREE_STAGES: list[dict[str, Any]] = [
     {"name": "half", "percent": 50, "bakeSeconds": 20},
     {"name": "all", "percent": 100, "bakeSeconds": 20},
 ]
+CANARY_THEN_ALL: list[dict[str, Any]] = [
+    {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}, "bakeSeconds": 60},
+    {"name": "all", "percent": 100, "bakeSeconds": 0},
+]
+"""Two stages: the canary pool bakes a minute, then every other node at once."""
 ANALYSIS: dict[str, Any] = {
     "prometheus": {"url": "http://prometheus.invalid:9090"},
     "intervalSeconds": 10,

@@ -22,6 +22,7 @@ from proxymode.engine.look import Look
 from proxymode.engine.observed import MODE_LABEL, SWITCHING, NodeView, Object, ProxyPod
 from proxymode.engine.settle import down_nodes, source_settled
 from tests.unit.engine.seq import (
+    CANARY_THEN_ALL,
     THREE_STAGES,
     Run,
     make_policy,
@@ -578,11 +579,7 @@ def test_a_moved_node_rebooted_is_judged_by_readiness_not_its_restart_count() ->
     that lived through the outage is judged by becoming Ready again within the ready
     timeout from the return."""
     sim = Sim.cluster({"canary": 1, "general": 2})
-    stages = [
-        {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}, "bakeSeconds": 60},
-        {"name": "all", "percent": 100, "bakeSeconds": 0},
-    ]
-    run = Run(sim, make_policy(stages=stages))
+    run = Run(sim, make_policy(stages=CANARY_THEN_ALL))
     run.until(phase_is(Phase.ANALYZING))
     sim.down.add("canary-1")
     run.steps(10)
