@@ -31,11 +31,17 @@ LABEL_KEY = (
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
 """A label key as Kubernetes validates one: an optional DNS-subdomain prefix and ``/``, then
-a name of at most 63 letters, digits, ``-``, ``_`` and ``.``, a letter or digit at each end."""
+a name of at most 63 letters, digits, ``-``, ``_`` and ``.``, a letter or digit at each end.
+The prefix's 253 characters at most are a separate rule (``PREFIX_FITS``): RE2 cannot bound a
+group's length."""
+PREFIX_FITS = "{key}.indexOf('/') <= 253"
+"""CEL: the key's DNS-subdomain prefix, if any, is at most 253 characters (a longer one
+passed the pattern, and the API server refused the node selector only when applied)."""
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 KEY_MESSAGE = (
-    "is not a valid label key (an optional DNS-subdomain prefix and '/', then a name of at"
-    " most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit)"
+    "is not a valid label key (an optional DNS-subdomain prefix of at most 253 characters and"
+    " '/', then a name of at most 63 letters, digits, '-', '_' or '.', beginning and ending"
+    " with a letter or digit)"
 )
 VALUE_MESSAGE = (
     "is not a valid label value (at most 63 letters, digits, '-', '_' or '.', beginning and"
@@ -46,6 +52,12 @@ EMPTY_SELECTOR_MESSAGE = (
     " leave nodeSelector out and give a percent"
 )
 VALUES_MESSAGE = "operators In and NotIn need at least one value; Exists and DoesNotExist take none"
+
+
+def valid_label_key(key: str) -> bool:
+    """The pattern and the prefix's length, as Kubernetes checks a label key."""
+    return re.fullmatch(LABEL_KEY, key) is not None and key.find("/") <= 253
+
 
 LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=LABEL_KEY)]
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]
@@ -69,7 +81,8 @@ class LabelSelectorRequirement(ApiModel):
                     "self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0"
                     " : !has(self.values) || size(self.values) == 0",
                     VALUES_MESSAGE,
-                )
+                ),
+                cel(PREFIX_FITS.format(key="self.key"), f"key {KEY_MESSAGE}"),
             ]
         }
     )
@@ -86,6 +99,8 @@ class LabelSelectorRequirement(ApiModel):
     def _values_fit_the_operator(self) -> LabelSelectorRequirement:
         if bool(self.values) != (self.operator in ("In", "NotIn")):
             raise ValueError(VALUES_MESSAGE)
+        if not valid_label_key(self.key):
+            raise ValueError(f"key {self.key!r} {KEY_MESSAGE}")
         return self
 
 
@@ -96,7 +111,8 @@ class LabelSelector(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    f"!has(self.matchLabels) || self.matchLabels.all(k, k.matches(r'{LABEL_KEY}'))",
+                    "!has(self.matchLabels) || self.matchLabels.all(k,"
+                    f" k.matches(r'{LABEL_KEY}') && {PREFIX_FITS.format(key='k')})",
                     f"a matchLabels key {KEY_MESSAGE}",
                 ),
             ]
@@ -118,7 +134,7 @@ class LabelSelector(ApiModel):
     @classmethod
     def _label_keys(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
         for key in labels or {}:
-            if not re.fullmatch(LABEL_KEY, key):
+            if not valid_label_key(key):
                 raise ValueError(f"a matchLabels key {key!r} {KEY_MESSAGE}")
         return labels
 
