@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from proxymode.kube.object_cache import CONFIG_MAP, ObjectCache
+from proxymode.engine.actions import ApplyObject, PatchObject
+from proxymode.engine.observed import SPEC_WRITERS
+from proxymode.kube.execute import Executor
+from proxymode.kube.object_cache import CONFIG_MAP, DAEMON_SET, ObjectCache
 from proxymode_sandbox import Sandbox
 from tests.sandbox.harness import eventually, service_account_client
 
@@ -165,3 +168,70 @@ def test_a_refused_list_falls_back_to_gets(
         assert cache.gets == 3, "each read a GET"
     finally:
         cache.close()
+
+
+def _daemon_set(namespace: str, name: str, image: str) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {"proxymode.test/none": "none"},  # no pod anywhere
+                    "containers": [{"name": "kube-proxy", "image": image}],
+                },
+            },
+        },
+    }
+
+
+def test_a_daemon_set_says_who_else_edited_its_spec(api: client.ApiClient, namespace: str) -> None:
+    """``managedFields`` as the API server keeps them: the operator's own apply and patch
+    are nobody else's; a person's ``kubectl set image`` is, until the operator's next apply
+    of that field takes it back; a status write (the DaemonSet controller's) never is."""
+    name = f"ds-{uuid.uuid4().hex[:6]}"
+    run = Executor(api, "cache-test", lambda _: None).run
+    apps = client.AppsV1Api(api)
+    cache = ObjectCache(api, lambda: None)
+    key = (DAEMON_SET, namespace, name)
+
+    def writers() -> list[str]:
+        cache.unsettle({key})  # read fresh: the answer must not wait for the watch
+        obj = cache.get(*key)
+        assert obj is not None
+        assert "managedFields" not in obj["metadata"]
+        return list(obj[SPEC_WRITERS])
+
+    try:
+        assert run([ApplyObject(_daemon_set(namespace, name, "k8s/kube-proxy:v1"))]) == 1
+        strategy = [{"op": "add", "path": "/spec/updateStrategy", "value": {"type": "OnDelete"}}]
+        assert run([PatchObject("apps/v1", "DaemonSet", namespace, name, strategy)]) == 1
+        assert writers() == [], "the operator's own writes"
+        apps.patch_namespaced_daemon_set_status(
+            name, namespace, {"status": {"numberMisscheduled": 0}}, field_manager="kcm-test"
+        )
+        assert writers() == [], "a status write"
+        apps.patch_namespaced_daemon_set(
+            name,
+            namespace,
+            {
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "containers": [{"name": "kube-proxy", "image": "k8s/kube-proxy:hotfix"}]
+                        }
+                    }
+                }
+            },
+            field_manager="kubectl-set",
+        )
+        assert writers() == ["kubectl-set"]
+        assert run([ApplyObject(_daemon_set(namespace, name, "k8s/kube-proxy:v2"))]) == 1
+        assert writers() == [], "the operator's apply took the image back"
+    finally:
+        cache.close()
+        apps.delete_namespaced_daemon_set(name, namespace)

@@ -120,6 +120,11 @@ class EventReason(StrEnum):
     """A node of a stage not yet started carries the target ``proxymode.io/mode`` label
     that this policy did not set (Warning): it is walked back, with its cleanup, and moves
     again with its stage, instead of being trusted as a finished move."""
+    TARGET_EDITED = "TargetEdited"
+    """The target DaemonSet's spec carries a change the operator did not render (someone's
+    ``kubectl edit``, ``set image``, ``rollout restart``): its controller rolls it out, paced
+    like the operator's own changes; the change is lost when the migration ends (Warning,
+    once per template generation; decision 0073)."""
     NODE_VERIFIED = "NodeVerified"
     """A moved node proved its kube-proxy: first sync, rules, the Service (with figures)."""
     NODE_NOT_VERIFIED = "NodeNotVerified"

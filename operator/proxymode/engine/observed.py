@@ -21,6 +21,10 @@ SWITCHING = "switching"
 POLICY_LABEL = "proxymode.io/policy"
 ACTION_ANNOTATION = "proxymode.io/action"
 CONFIG_HASH_ANNOTATION = "proxymode.io/config-hash"
+SPEC_WRITERS = "proxymode/specWriters"
+"""On a kept DaemonSet (a top-level key, never sent back): the field managers other than the
+operator's that own fields of its spec (``managedFields``), sorted. On the target DaemonSet,
+a person's edit of what the operator renders."""
 MANAGED_BY = "proxymode"
 
 Object = Mapping[str, Any]

@@ -148,6 +148,7 @@ def ensure_setup(look: Look) -> bool:
             ready = False
     else:
         look.moves_held = target_roll.rolling(look)
+    target_roll.report_edit(look, look.spec.kube_proxy.daemon_set)
     if not objects.source_is_patched(src_ds, mode):
         look.actions.append(
             PatchObject(

@@ -23,10 +23,14 @@ case, docs/reliability.md finding 12). So the roll is treated like one more move
 
 from __future__ import annotations
 
+from typing import Any
+
+from proxymode.api.reasons import EventReason
 from proxymode.engine import moves, node_checks, walk
 from proxymode.engine.actions import PatchObject
 from proxymode.engine.look import Look
-from proxymode.engine.observed import SWITCHING, ProxyKind, ProxyPod
+from proxymode.engine.objects import template_generation
+from proxymode.engine.observed import SPEC_WRITERS, SWITCHING, Object, ProxyKind, ProxyPod
 from proxymode.engine.restore import template_hash
 from proxymode.engine.settle import generation_observed
 from proxymode.engine.stages import named
@@ -57,7 +61,7 @@ def rolling(look: Look, *, until_ready: bool = False) -> str | None:
         return None
     if not generation_observed(ds):
         return "the target DaemonSet's changed template is not yet taken up by its controller"
-    older = sorted({p.node for p in _target_pods(look) if _older(p, template_hash(ds))})
+    older = sorted({p.node for p in _target_pods(look) if _older(p, ds)})
     if older:
         return (
             "the target DaemonSet is rolling a changed template out, one node at a time"
@@ -82,7 +86,7 @@ def stalled(look: Look) -> str | None:
         return None
     limit = look.spec.ready_timeout_seconds
     for pod in _target_pods(look):
-        if pod.terminating or pod.ready or _older(pod, template_hash(ds)):
+        if pod.terminating or pod.ready or _older(pod, ds):
             continue
         since = pod.ready_changed or pod.created
         if since is not None and (look.now - since).total_seconds() > limit:
@@ -125,6 +129,51 @@ def stop(look: Look) -> None:
     )
 
 
+EDIT_REPORTED = "proxymode.io/edit-reported"
+"""On the target DaemonSet: the template generation whose edit by someone else was said."""
+
+
+def report_edit(look: Look, source: str) -> None:
+    """Say once per template generation that the target DaemonSet carries someone else's
+    change: it rolls out (paced, see ``rolling``) but is overwritten where the source's
+    template changes and lost when the migration ends, which people editing the wrong
+    DaemonSet would not expect (decision 0073)."""
+    ds = look.obs.target_daemon_set
+    writers = (ds or {}).get(SPEC_WRITERS) or []
+    if ds is None or not writers:
+        return
+    generation = str(template_generation(ds))
+    meta = ds["metadata"]
+    if (meta.get("annotations") or {}).get(EDIT_REPORTED) == generation:
+        return
+    name = f"{meta['namespace']}/{meta['name']}"
+    look.event(
+        EventReason.TARGET_EDITED,
+        f"the target DaemonSet {name} carries changes by {', '.join(writers)}, not rendered"
+        " by the operator: its controller rolls them out, one node at a time, and no move"
+        " starts meanwhile; they are overwritten where the source DaemonSet's template"
+        " changes, and lost when the migration ends (finalize and rollback delete the"
+        f" target); make them on the source DaemonSet {meta['namespace']}/{source}, which"
+        " the target follows",
+        warning=True,
+    )
+    op: dict[str, Any] = {"op": "add", "path": "/metadata/annotations"}
+    if meta.get("annotations"):
+        op.update(path="/metadata/annotations/proxymode.io~1edit-reported", value=generation)
+    else:
+        op.update(value={EDIT_REPORTED: generation})
+    look.actions.append(
+        PatchObject(
+            "apps/v1",
+            "DaemonSet",
+            meta["namespace"],
+            meta["name"],
+            [op],
+            why="remember that this edit of the target DaemonSet was said",
+        )
+    )
+
+
 NOTHING_MOVES = "no pod starts or stops there"
 
 
@@ -137,8 +186,20 @@ def _target_pods(look: Look) -> list[ProxyPod]:
     return [p for p in look.obs.pods if p.kind == ProxyKind.TARGET]
 
 
-def _older(pod: ProxyPod, want: str | None) -> bool:
-    return pod.config_hash is not None and pod.config_hash != want
+def _older(pod: ProxyPod, ds: Object) -> bool:
+    """A pod made from an earlier template than the DaemonSet's. The config hash tells the
+    operator's own renderings apart; the template generation every change, a person's edit
+    of the target DaemonSet too (its controller rolls that one out as well: no move may
+    start beside it)."""
+    want = template_hash(ds)
+    if pod.config_hash is not None and pod.config_hash != want:
+        return True
+    current = template_generation(ds)
+    return (
+        current is not None
+        and pod.template_generation is not None
+        and pod.template_generation < current
+    )
 
 
 def _not_ready_at_target(look: Look) -> list[str]:

@@ -42,6 +42,8 @@ from kubernetes.client.exceptions import ApiException
 from proxymode.api.models import ProxyModePolicy
 from proxymode.engine import naming
 from proxymode.engine.actions import Action, ApplyObject, DeleteObject, PatchObject, SaveBackup
+from proxymode.engine.observed import SPEC_WRITERS
+from proxymode.kube.execute import FIELD_MANAGER
 from proxymode.kube.watched import Watched
 
 log = logging.getLogger(__name__)
@@ -63,10 +65,28 @@ def kept(kind: str) -> Callable[[Mapping[str, Any]], Object]:
     apiVersion), without ``managedFields``."""
 
     def reduce(item: Mapping[str, Any]) -> Object:
-        meta = {k: v for k, v in (item.get("metadata") or {}).items() if k != "managedFields"}
-        return {**item, "apiVersion": KINDS[kind], "kind": kind, "metadata": meta}
+        whole = item.get("metadata") or {}
+        meta = {k: v for k, v in whole.items() if k != "managedFields"}
+        kept_item = {**item, "apiVersion": KINDS[kind], "kind": kind, "metadata": meta}
+        if kind == DAEMON_SET:
+            kept_item[SPEC_WRITERS] = spec_writers(whole.get("managedFields") or [])
+        return kept_item
 
     return reduce
+
+
+def spec_writers(managed_fields: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The managers other than the operator's that own fields of the object's spec (a
+    status subresource's entries own none): who edited what the operator renders."""
+    return sorted(
+        {
+            str(entry.get("manager") or "(unnamed)")
+            for entry in managed_fields
+            if not entry.get("subresource")
+            and entry.get("manager") != FIELD_MANAGER
+            and "f:spec" in (entry.get("fieldsV1") or {})
+        }
+    )
 
 
 def written(actions: Iterable[Action]) -> set[Key]:

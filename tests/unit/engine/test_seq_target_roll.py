@@ -13,9 +13,10 @@ from __future__ import annotations
 import pytest
 
 from proxymode.api.models import Phase, ProxyModePolicy
+from proxymode.engine.actions import SetNodeMode
 from proxymode.engine.machine import advance
-from proxymode.engine.observed import MODE_LABEL
-from tests.unit.engine.seq import Run, make_policy, terminal
+from proxymode.engine.observed import MODE_LABEL, SPEC_WRITERS
+from tests.unit.engine.seq import Run, make_policy, terminal, with_spec
 from tests.unit.engine.sim import Sim, SimPod, _hash
 
 
@@ -238,3 +239,86 @@ def test_without_a_roll_a_broken_node_keeps_its_stage_s_turn(how: str) -> None:
     assert "canary-1" in (run.policy.status.message or "")
     labelled = {n for n, v in sim.nodes.items() if v.labels.get(MODE_LABEL)}
     assert labelled <= {"canary-1", "canary-2"}, "a later stage was left on the target"
+
+
+# -- a person's edit of the target DaemonSet itself ----------------------------------------
+
+
+def _edit_target(sim: Sim) -> str:
+    """``kubectl set image ds/kube-proxy-nftables``: the operator's config hash unchanged."""
+    ds = sim.get("DaemonSet", "kube-proxy-nftables")
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    container["image"] = str(container["image"]).rsplit(":", 1)[0] + ":v1.37.9-hotfix"
+    sim._store(ds)
+    ds[SPEC_WRITERS] = ["kubectl-set"]  # what the adapter reads from managedFields
+    return str(container["image"])
+
+
+@pytest.mark.parametrize("when", ["move in flight", "between moves"])
+def test_a_direct_edit_of_the_target_rolls_without_a_move_beside_it(when: str) -> None:
+    """The config hash does not change, so the operator used to see no roll: its moves ran
+    beside the controller's replacements (two nodes down on a budget of one). The template
+    generation shows the roll; ``Run`` checks the budget after every step. An edit made
+    while a move is in flight takes a second node down at once, by the person's hand (as
+    deleting a kube-proxy pod would): from the end of that move on, the budget holds."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.until(lambda p: p.status.current_stage == 1 and p.status.stages[1].nodes_done == 1)
+    if when == "between moves":
+        run.until(lambda p: not p.status.moves)
+        _edit_target(sim)
+    else:
+        run.until(lambda p: bool(p.status.moves))
+        _edit_target(sim)
+        run.checking = False
+        run.until(lambda p: not p.status.moves)
+        run.checking = True
+        run.check()
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+
+
+def test_no_move_starts_while_a_directly_edited_target_still_has_pods_to_replace() -> None:
+    """The moment between two of the controller's replacements (the last new pod Ready, the
+    next old one not yet deleted): no node is down, the config hash is the operator's, and
+    only the pods' template generation says a roll is under way. A move started there runs
+    beside the next replacement. (Paused with no move in flight, edited, resumed; looks
+    without the controllers' tick hold that moment.)"""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.until(lambda p: p.status.current_stage == 2 and bool(p.status.moves))
+    run.policy = with_spec(run.policy, paused=True)
+    run.until(lambda p: p.status.phase == Phase.PAUSED and not p.status.moves)
+    _edit_target(sim)
+    ds = sim.get("DaemonSet", "kube-proxy-nftables")
+    ds["status"]["observedGeneration"] = ds["metadata"]["generation"]  # taken up
+    run.policy = with_spec(run.policy, paused=False)
+    for _ in range(3):
+        decision = run.step(tick=False)
+        started = [a for a in decision.actions if isinstance(a, SetNodeMode) and a.value]
+        assert not started, f"a move started beside the roll: {started}"
+    assert "rolling a changed template out" in (run.policy.status.message or "")
+
+
+def test_a_direct_edit_of_the_target_is_said_once() -> None:
+    """Someone else's change to the target DaemonSet is lost when the migration ends: said
+    once (a Warning naming who made it and where to make it instead), remembered on the
+    DaemonSet, not said again on every look."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.until(lambda p: p.status.current_stage == 1 and bool(p.status.moves))
+    assert not run.events("TargetEdited")
+    _edit_target(sim)
+    run.checking = False  # the person's edit takes a node down beside the move
+    run.until(lambda p: not p.status.moves)
+    run.checking = True
+    (event,) = run.events("TargetEdited")
+    assert event.type == "Warning"
+    assert "changes by kubectl-set" in event.message
+    assert "make them on the source DaemonSet kube-system/kube-proxy" in event.message
+    ds = sim.get("DaemonSet", "kube-proxy-nftables")
+    generation = ds["metadata"]["annotations"]["deprecated.daemonset.template.generation"]
+    assert ds["metadata"]["annotations"]["proxymode.io/edit-reported"] == generation
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+    assert len(run.events("TargetEdited")) == 1
