@@ -125,6 +125,9 @@ class EventReason(StrEnum):
     ``kubectl edit``, ``set image``, ``rollout restart``): its controller rolls it out, paced
     like the operator's own changes; the change is lost when the migration ends (Warning,
     once per template generation; decision 0073)."""
+    TARGET_DELETED = "TargetDeleted"
+    """The target DaemonSet was deleted under nodes this run moved, their kube-proxies with
+    it, and is made again (Warning, naming how to stop a migration instead)."""
     NODE_VERIFIED = "NodeVerified"
     """A moved node proved its kube-proxy: first sync, rules, the Service (with figures)."""
     NODE_NOT_VERIFIED = "NodeNotVerified"

@@ -141,6 +141,8 @@ def ensure_setup(look: Look) -> bool:
         # Applied, its controller replaces a target pod: one more node between proxies,
         # so it waits for the budget like a move, and no move starts meanwhile.
         wait = target_roll.apply_held(look) if look.obs.target_daemon_set is not None else None
+        if look.obs.target_daemon_set is None:
+            target_roll.report_deleted(look, desired_ds)
         if wait is not None:
             look.moves_held = f"the source DaemonSet's template changed, and {wait}"
         else:

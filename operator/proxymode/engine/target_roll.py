@@ -174,6 +174,23 @@ def report_edit(look: Look, source: str) -> None:
     )
 
 
+def report_deleted(look: Look, desired: Object) -> None:
+    """Say that the target DaemonSet was deleted under nodes this run moved (its pods went
+    with it) and is made again: deleting it is no way to stop a migration (decision 0073)."""
+    moved = [n for s in look.status.stages for n in s.moved or [] if look.at_target(n)]
+    if not moved:
+        return  # not made yet in this run
+    meta = desired["metadata"]
+    look.event(
+        EventReason.TARGET_DELETED,
+        f"the target DaemonSet {meta['namespace']}/{meta['name']} was deleted, and the"
+        f" kube-proxies of {named(moved)} with it: it is made again from the source's"
+        " template; to stop the migration, abort it (proxymode.io/action=abort) or delete"
+        " the policy, which rolls every node back",
+        warning=True,
+    )
+
+
 NOTHING_MOVES = "no pod starts or stops there"
 
 

@@ -322,3 +322,26 @@ def test_a_direct_edit_of_the_target_is_said_once() -> None:
     run.until(terminal)
     assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
     assert len(run.events("TargetEdited")) == 1
+
+
+def test_a_deleted_target_is_made_again_and_said() -> None:
+    """``kubectl delete ds kube-proxy-nftables`` mid-walk takes the moved nodes' kube-proxies
+    with it: the operator makes it again (the moved nodes get theirs back) and says so,
+    with how to stop a migration instead; the run still completes."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.until(lambda p: p.status.current_stage == 1 and p.status.stages[1].nodes_done == 1)
+    run.until(lambda p: not p.status.moves)
+    del sim.objects[("DaemonSet", "kube-proxy-nftables")]
+    sim.pods = [p for p in sim.pods if p.owner != "kube-proxy-nftables"]
+    run.checking = False  # the person's deletion took three nodes' proxies at once
+    run.step()
+    (event,) = run.events("TargetDeleted")
+    assert "was deleted, and the kube-proxies of nodes canary-1, canary-2" in event.message
+    assert "proxymode.io/action=abort" in event.message
+    assert sim.get("DaemonSet", "kube-proxy-nftables") is not None, "made again"
+    run.until(lambda p: not sim.without_ready_proxy(), limit=20)
+    run.checking = True
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+    assert len(run.events("TargetDeleted")) == 1
