@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from proxymode.api.models import (
     AnalysisStatus,
+    MoveDirection,
     Phase,
     Preflight,
     Severity,
@@ -132,7 +133,14 @@ def start_stage(look: Look, index: int) -> None:
     # pending, stay this stage's: the plan knows only the spec's selectors, and without them
     # here they would run the target unrecorded (not counted, not shown, not moved back on
     # delete as what they are).
-    carried = [n for n in stage.moved or [] if n not in plan[index]]
+    # So do its nodes still moving forward: resumed before their move ended, they would
+    # finish on the target recorded nowhere, outside every health check (a review).
+    flying = {m.node for m in look.status.moves if m.direction == MoveDirection.FORWARD}
+    carried = [
+        n
+        for n in dict.fromkeys([*(stage.moved or []), *(n for n in stage.nodes if n in flying)])
+        if n not in plan[index]
+    ]
     stage.nodes = [*plan[index], *carried]
     stage.phase = StagePhase.PROGRESSING
     stage.started_time = look.now
