@@ -12,7 +12,7 @@ from proxymode.api.models import HistoryEntry, Phase, PolicyStatus
 from proxymode.api.reasons import EventReason, PauseReason, RollbackReason
 from proxymode.engine.actions import ClearAction
 from proxymode.engine.look import TERMINAL, Look
-from proxymode.engine.setup import changed_anything
+from proxymode.engine.setup import run_changed
 from proxymode.engine.stages import adopt_new_plan
 
 ACTIONS = ("promote", "abort", "retry", "resume")
@@ -139,7 +139,7 @@ def resume(look: Look, reason: EventReason = EventReason.RESUMED, why: str = "")
 
 
 def retry(look: Look) -> None:
-    if look.status.phase == Phase.FAILED and changed_anything(look):
+    if look.status.phase == Phase.FAILED and run_changed(look):
         # Something was changed before the failure: walk it back first, then start over.
         look.start_rollback(RollbackReason.RETRY, "retry: rolling back what the failed run changed")
         return

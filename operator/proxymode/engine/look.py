@@ -32,6 +32,10 @@ from proxymode.engine.actions import Action, EmitEvent
 from proxymode.engine.observed import Observed
 
 TERMINAL = frozenset({Phase.COMPLETED, Phase.ROLLED_BACK, Phase.FAILED})
+PREFLIGHT_OBSERVED = frozenset({Phase.PENDING, Phase.PREFLIGHT})
+"""The stored phases for which the adapter gathers what preflight reads besides the objects:
+the cluster's facts (rival policies, static pods, the inventory) and Prometheus's series.
+A look that started in another phase (a retry from Failed) has neither."""
 
 
 @dataclass
@@ -57,6 +61,11 @@ class Look:
         self.name: str = str(self.policy.metadata.get("name", ""))
         self.uid: str = str(self.policy.metadata.get("uid", ""))
         self.now: datetime = self.obs.now
+
+    @property
+    def observed_for_preflight(self) -> bool:
+        """This look's snapshot carries preflight's facts (see ``PREFLIGHT_OBSERVED``)."""
+        return self.policy.status.phase in PREFLIGHT_OBSERVED
 
     @property
     def target_mode(self) -> str:

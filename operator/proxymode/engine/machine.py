@@ -36,7 +36,7 @@ from proxymode.api.models import Phase, PolicyStatus, ProxyModePolicy
 from proxymode.api.reasons import PauseReason
 from proxymode.engine.actions import Decision, EmitEvent
 from proxymode.engine.commands import consume_action
-from proxymode.engine.look import TERMINAL, Look
+from proxymode.engine.look import PREFLIGHT_OBSERVED, TERMINAL, Look
 from proxymode.engine.observed import Observed
 from proxymode.engine.phases import finalize, paused, preflight, rollback, rollout, terminal
 from proxymode.engine.planner import plan_hash
@@ -138,6 +138,13 @@ def _chain(look: Look, phase: Phase | None) -> None:
     for _ in range(MAX_PHASES_PER_LOOK):
         handler = HANDLERS.get(phase) if phase is not None else None
         if handler is None:
+            return
+        if phase in PREFLIGHT_OBSERVED and not look.observed_for_preflight:
+            # Retried in this look: its snapshot was taken for the phase before, without
+            # the cluster's facts or Prometheus's series, and preflight on it passed what it
+            # should have refused (a review: MetricSeriesMissing and a rival policy unseen).
+            # The next look, in Pending, gathers them.
+            look.soon(0.5)
             return
         phase = handler(look)
     if phase is not None:

@@ -33,6 +33,14 @@ def changed_anything(look: Look) -> bool:
     )
 
 
+def run_changed(look: Look) -> bool:
+    """This policy's run changed the cluster: its snapshot, taken before any change, exists
+    or was recorded. Node labels and a patched source alone are no evidence: another policy
+    on the same kube-proxy makes them too (a review: a retry of a policy refused for such a
+    rival rolled back, and its rollback undid the rival's patch of the source)."""
+    return look.status.backup is not None or look.obs.backup is not None
+
+
 def backup(look: Look) -> dict[str, str] | None:
     """The snapshot, saving it first when this run has none yet."""
     namespace = look.spec.kube_proxy.namespace

@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from proxymode.api import models
 from proxymode.api.models import Phase, ProxyModePolicy
+from proxymode.engine.look import PREFLIGHT_OBSERVED
 from proxymode.engine.objects import job_node
 from proxymode.engine.observed import (
     ACTION_ANNOTATION,
@@ -229,7 +230,7 @@ class Observer:
             backup=(backup or {}).get("data") if backup is not None else None,
             jobs=self._jobs(ns, name),
             facts=self._facts(policy)
-            if policy.status.phase in (Phase.PENDING, Phase.PREFLIGHT)
+            if policy.status.phase in PREFLIGHT_OBSERVED
             else ClusterFacts(),
             analysis=analysis,
             action=annotations.get(ACTION_ANNOTATION),

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from proxymode.analysis.templates import series_query
-from proxymode.api.models import Analysis, Phase, ProxyModePolicy, Template
+from proxymode.api.models import Analysis, ProxyModePolicy, Template
+from proxymode.engine.look import PREFLIGHT_OBSERVED
 from proxymode.engine.observed import CheckSeries, Observed, SeriesCoverage
 from proxymode.kube.rounds import Prometheus
 
-ASKED_IN = frozenset({Phase.PENDING, Phase.PREFLIGHT})
+ASKED_IN = PREFLIGHT_OBSERVED
 
 
 def due(policy: ProxyModePolicy, *, deleting: bool) -> bool:

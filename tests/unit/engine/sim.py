@@ -40,6 +40,7 @@ from typing import Any
 import jsonpatch
 import yaml
 
+from proxymode.engine import naming
 from proxymode.engine.actions import (
     Action,
     ApplyObject,
@@ -51,6 +52,7 @@ from proxymode.engine.actions import (
     SaveBackup,
     SetNodeMode,
 )
+from proxymode.engine.look import PREFLIGHT_OBSERVED
 from proxymode.engine.observed import (
     CONFIG_HASH_ANNOTATION,
     JOB_KIND_LABEL,
@@ -439,19 +441,31 @@ class Sim:
 
     # -- what the engine sees and does ------------------------------------------------------
 
+    def _stored_phase(self, policy: str) -> str:
+        stored = self.policies.get(policy) or {}
+        return str((stored.get("status") or {}).get("phase") or "Pending")
+
     def observe(self, generation: int = 1, deleting: bool = False, policy: str = "") -> Observed:
         for pod in self.pods:  # a test may have flipped readiness since the last tick
             pod.note_readiness(self.now)
         source = self.get("DaemonSet", "kube-proxy")
+        # As the adapter reads them: the target pair of this policy's mode (another
+        # policy's pair and pods are not this one's); without a known policy, any.
+        mode = ((self.policies.get(policy) or {}).get("spec") or {}).get("targetMode")
+        mine = f"kube-proxy-{mode}" if mode else None
         target = next(
-            (o for (k, n), o in self.objects.items() if k == "DaemonSet" and n != "kube-proxy"),
+            (
+                o
+                for (k, n), o in self.objects.items()
+                if k == "DaemonSet" and n != "kube-proxy" and n == (mine or n)
+            ),
             None,
         )
         target_cm = next(
             (
                 o
                 for (k, n), o in self.objects.items()
-                if k == "ConfigMap" and n.startswith("kube-proxy-")
+                if k == "ConfigMap" and n.startswith("kube-proxy-") and n == (mine or n)
             ),
             None,
         )
@@ -471,6 +485,7 @@ class Sim:
                 last_terminated=p.last_terminated,
             )
             for p in self.pods
+            if mine is None or p.owner in ("kube-proxy", mine)
         )
         jobs = tuple(
             CleanupJobView(
@@ -488,7 +503,9 @@ class Sim:
             (
                 o["data"]
                 for (k, n), o in self.objects.items()
-                if k == "ConfigMap" and n.startswith("proxymode-backup-")
+                if k == "ConfigMap"
+                and n.startswith("proxymode-backup-")
+                and (not policy or n == naming.backup_config_map(policy))
             ),
             None,
         )
@@ -518,13 +535,16 @@ class Sim:
             target_config_map=copy.deepcopy(target_cm),
             backup=dict(backup) if backup is not None else None,
             jobs=jobs,
+            # As the adapter: the cluster's facts only for a stored Pending or Preflight.
             facts=ClusterFacts(
                 kubernetes_version="v1.37.2",
                 services=10,
                 endpoint_slices=12,
                 other_policies=self.rivals(policy),
                 pending_policies=self.pending_rivals(policy),
-            ),
+            )
+            if self._stored_phase(policy) in PREFLIGHT_OBSERVED
+            else ClusterFacts(),
             analysis=self.analysis_round(),
             action=self.action,
             deleting=deleting,

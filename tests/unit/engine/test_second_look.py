@@ -17,7 +17,7 @@ from proxymode.api.models import Phase, PolicyStatus
 from proxymode.api.reasons import EventReason, PauseReason, RollbackReason, paused_event
 from proxymode.api.status import HistoryEntry
 from proxymode.engine import objects
-from proxymode.engine.actions import Decision, DeleteObject, SetNodeMode
+from proxymode.engine.actions import Decision, SetNodeMode
 from proxymode.engine.machine import advance
 from proxymode.engine.observed import MODE_LABEL
 from proxymode.engine.second_look import needs_second_look
@@ -165,13 +165,14 @@ def _looks(run: Run, count: int) -> list[bool]:
 
 def test_a_retry_that_fails_again_is_read_again() -> None:
     """Failed (a node's kernel too old for nftables), then ``retry``: the look resets to
-    Pending and fails preflight again, Failed to Failed in one look, a new verdict."""
+    Pending (read again: a retry), and the next, observed for preflight, fails it again (a
+    new verdict, read again)."""
     sim = Sim.cluster({"canary": 1, "general": 1, "legacy": 1})
     run = Run(sim, make_policy())
     run.until(terminal, limit=50)
     assert run.policy.status.phase == Phase.FAILED, run.policy.status.message
     sim.action = "retry"
-    assert _looks(run, 4) == [True, False, False, False]
+    assert _looks(run, 4) == [True, True, False, False]
     assert run.policy.status.phase == Phase.FAILED
     assert [h.reason for h in run.policy.status.history][-2:] == [
         "PreflightStarted",
@@ -263,14 +264,16 @@ def test_a_release_on_a_copy_that_lags_a_recreated_source_is_read_again() -> Non
 
 
 def test_a_retry_on_a_copy_that_misses_the_changes_is_read_again() -> None:
-    """A retry decided on a copy without the patched source and the target DaemonSet starts
-    over and deletes the snapshot; the server's copy rolls back first."""
+    """A retry decided on a copy without the patched source and the target DaemonSet: the
+    run's snapshot, not the copy, says the run changed the cluster, so the copy does not
+    start over (it did, and its next look deleted the snapshot); what it decides instead
+    (Failed: no source to roll back to) is read again, and the server's copy rolls back."""
     run = _aborted_without_labels(Sim.cluster({"canary": 2, "general": 2}))
     run.step()
     run.sim.action = "retry"
     fresh = run.observe()
     cached = advance(run.policy, replace(fresh, source_daemon_set=None, target_daemon_set=None))
-    assert any(isinstance(a, DeleteObject) for a in cached.actions), cached.actions
+    assert cached.status.phase != Phase.PENDING, "started over on a copy"
     assert needs_second_look(run.policy.status, cached)
     server = advance(run.policy, fresh)
     assert server.status.phase == Phase.ROLLING_BACK

@@ -477,3 +477,23 @@ def test_a_plan_edit_resumed_with_a_move_in_flight_keeps_that_node_recorded() ->
     on_target = nodes_labelled(sim, "nftables")
     assert flying in recorded, f"{flying} runs nftables, recorded in no stage"
     assert on_target <= recorded, f"unrecorded: {sorted(on_target - recorded)}"
+
+
+def test_a_retry_runs_preflight_on_a_look_observed_for_it() -> None:
+    """A review on the sandbox: ``retry`` of a refused policy passed preflight in the same
+    look, on a snapshot taken for Failed, which carries neither the cluster's facts (the
+    rival policies here) nor Prometheus's series (MetricSeriesMissing there): the refused
+    policy then started moving nodes. The preflight of a retry waits for the next look."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    first = Run(sim, make_policy(stages=[{**THREE_STAGES[0], "bakeSeconds": 3600}]), check=False)
+    first.until(lambda p: p.status.phase == Phase.ANALYZING)
+    second = Run(sim, make_policy(name="to-ipvs", uid="uid-2", targetMode="ipvs"), check=False)
+    second.until(lambda p: p.status.phase == Phase.FAILED, limit=20)
+    generation = sim.get("DaemonSet", "kube-proxy")["metadata"]["generation"]
+    sim.action = "retry"
+    for _ in range(5):
+        second.step(tick=False)
+    assert second.policy.status.phase == Phase.FAILED, second.policy.status.message
+    assert first.name in (second.policy.status.message or "")
+    assert sim.get("DaemonSet", "kube-proxy")["metadata"]["generation"] == generation
+    assert sim.get("DaemonSet", "kube-proxy-ipvs") is None, "refused again: nothing changed"

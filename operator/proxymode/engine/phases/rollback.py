@@ -18,6 +18,7 @@ from proxymode.engine.observed import SWITCHING, ProxyKind
 from proxymode.engine.preflight.nodes import scheduled_by
 from proxymode.engine.restore import patch_config_data, restore, source_config_to_restore
 from proxymode.engine.settle import generation_observed, not_seen
+from proxymode.engine.setup import run_changed
 from proxymode.engine.stages import named, nodes
 
 HELD = "the move back of "
@@ -278,8 +279,7 @@ def _finish(lk: Look) -> None:
 
 def on_delete(lk: Look) -> Phase | None:
     """The policy is being deleted: release at once, or roll back first."""
-    changed = lk.status.backup is not None or lk.obs.backup is not None
-    if lk.status.finalized or lk.status.phase == Phase.ROLLED_BACK or not changed:
+    if lk.status.finalized or lk.status.phase == Phase.ROLLED_BACK or not run_changed(lk):
         # Nothing of this policy's is left to undo; what it owns goes with it (GC).
         lk.release = True
         return None
