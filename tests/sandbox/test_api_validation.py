@@ -164,5 +164,12 @@ def test_target_mode_is_immutable_while_a_rollout_is_in_flight(
             policies, name, "Failed", back, backup={"namespace": "x", "name": "y"}
         )
         assert refused is not None and refused.status == 422, "changed under a snapshot"
+        # So does its target mode: a retry under another mode left the old pair behind.
+        refused = under_phase(
+            policies, name, "Failed", {"targetMode": "ipvs"}, backup={"namespace": "x", "name": "y"}
+        )
+        assert refused is not None and refused.status == 422, "targetMode under a snapshot"
+        assert under_phase(policies, name, "Failed", {"targetMode": "ipvs"}) is None
+        assert under_phase(policies, name, "Preflight", {"targetMode": "nftables"}) is None
     finally:
         policies.delete_cluster_custom_object(G, V, P, name)

@@ -140,7 +140,9 @@ IN_FLIGHT_PHASES = frozenset(
         Phase.ROLLING_BACK,
     }
 )
-TARGET_EDITABLE_PHASES = frozenset({Phase.PENDING, Phase.ROLLED_BACK, Phase.FAILED})
+TARGET_EDITABLE_PHASES = frozenset({Phase.PENDING, Phase.ROLLED_BACK})
+"""Where targetMode may change whatever the status holds; Preflight and Failed also, without a
+snapshot (the CRD's rule)."""
 
 
 class StagePhase(StrEnum):

@@ -29,12 +29,16 @@ NAME_TOO_LONG = (
 # Whole-object rules: they need both spec and status, so they sit at the root of the schema.
 ROOT_RULES = [
     {
+        # Failed and Preflight only when nothing was changed (no snapshot): a run that failed
+        # mid-way still has the target pair of its mode, which a retry under another mode
+        # never deleted (a review: kube-proxy-nftables left behind by a retry to ipvs).
         "rule": (
             "!has(oldSelf.spec) || self.spec.targetMode == oldSelf.spec.targetMode"
             " || !has(self.status) || !has(self.status.phase)"
             " || self.status.phase in ["
             + ", ".join(f"'{p}'" for p in models.Phase if p in models.TARGET_EDITABLE_PHASES)
             + "]"
+            " || (self.status.phase in ['Preflight', 'Failed'] && !has(self.status.backup))"
         ),
         "message": (
             "targetMode cannot change while a rollout is in flight or after it completed;"
