@@ -35,6 +35,10 @@ class PauseReason(StrEnum):
     """Handing a node back to the source DaemonSet failed during Finalizing."""
     NODE_NOT_VERIFIED = "NodeNotVerified"
     """A moved node failed verification, with ``rollback.automatic: false``."""
+    TARGET_CONFIG_INVALID = "TargetConfigInvalid"
+    """A spec edit mid-run (``configOverrides``) that the target configuration cannot be
+    rendered from: the run holds where it is until the spec is fixed and resumed, or aborted
+    (failing the run left its moved nodes unwatched, with no way on but a retry)."""
 
 
 class RollbackReason(StrEnum):

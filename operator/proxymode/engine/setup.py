@@ -7,7 +7,7 @@ difference, so a lost write or a restart between two actions is harmless.
 from __future__ import annotations
 
 from proxymode.api.models import BackupRef
-from proxymode.api.reasons import FailureReason
+from proxymode.api.reasons import FailureReason, PauseReason
 from proxymode.engine import naming, objects, target_roll
 from proxymode.engine.actions import ApplyObject, PatchObject, SaveBackup
 from proxymode.engine.look import Look
@@ -89,9 +89,19 @@ def target_text(look: Look, snapshot: dict[str, str]) -> str | None:
             overrides=look.spec.config_overrides,
         )
     except (ConfigError, KeyError) as e:
-        look.fail(
-            FailureReason.TARGET_CONFIG_INVALID, f"cannot render the target configuration: {e}"
-        )
+        if look.obs.backup is None:
+            look.fail(
+                FailureReason.TARGET_CONFIG_INVALID, f"cannot render the target configuration: {e}"
+            )
+        else:
+            # Changed mid-run (preflight rendered the spec it started with): hold, as for
+            # any plan edit, rather than fail with moved nodes nobody watches any more.
+            look.pause(
+                PauseReason.TARGET_CONFIG_INVALID,
+                f"cannot render the target configuration: {e}; the target DaemonSet keeps the"
+                " configuration it has: fix spec.configOverrides and annotate"
+                " proxymode.io/action=resume, or abort to roll back",
+            )
         return None
     return rendered.text
 

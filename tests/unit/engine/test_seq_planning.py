@@ -497,3 +497,26 @@ def test_a_retry_runs_preflight_on_a_look_observed_for_it() -> None:
     assert first.name in (second.policy.status.message or "")
     assert sim.get("DaemonSet", "kube-proxy")["metadata"]["generation"] == generation
     assert sim.get("DaemonSet", "kube-proxy-ipvs") is None, "refused again: nothing changed"
+
+
+def test_a_config_override_that_cannot_render_mid_run_holds_until_fixed() -> None:
+    """A review on the sandbox: ``configOverrides: {mode: ipvs}`` set while a stage baked,
+    then resumed: the run went Failed, its moved canaries on nftables with nobody watching
+    their health, ``resume`` refused (the phase is Failed), only ``retry`` (a rollback of
+    every node) left. It now holds, Paused, saying why; fixed and resumed, it goes on."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.phase == Phase.ANALYZING)
+    good = run.policy.spec.wire().get("configOverrides")
+    run.policy = with_spec(run.policy, configOverrides={"mode": "ipvs"})
+    run.until(lambda p: p.status.phase == Phase.PAUSED)
+    sim.action = "resume"
+    run.until(lambda p: paused_code(p.status) == "TargetConfigInvalid", limit=10)
+    assert "must not change the mode" in (run.policy.status.message or "")
+    run.steps(5)
+    assert run.policy.status.phase == Phase.PAUSED, run.policy.status.message
+    run.policy = with_spec(run.policy, configOverrides=good)
+    run.until(lambda p: paused_code(p.status) == "PlanChanged", limit=10)
+    sim.action = "resume"
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
