@@ -659,26 +659,32 @@ def test_a_later_stage_that_selects_nothing_warns() -> None:
     assert result.passed
 
 
-@pytest.mark.parametrize(
-    ("rest", "then"),
-    [
-        ([{"name": "all", "percent": 100}], "the next stage's 5 nodes"),
-        ([{"name": "gpu", "nodeSelector": {"matchLabels": {"pool": "gpu"}}}], "nothing would"),
-    ],
-)
-def test_a_first_stage_that_selects_nothing_says_what_moves_first(
-    rest: list[Any], then: str
-) -> None:
+def test_a_first_stage_that_selects_nothing_says_what_moves_first() -> None:
     """A typo in the canary's label (``pool: canry``) lets the next stage, here the whole
     fleet, move first with no canary (a review saw exactly that). The empty first stage
     completes at once (issue 9, item 20: a shared policy may name a pool a cluster lacks),
     so the Warning says plainly what moves first and how to stop it."""
     typo = {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canry"}}}
-    result = run_preflight(policy(stages=[typo, *rest]), observe(cluster=CANARY_AND_REST))
+    rest = {"name": "all", "percent": 100}
+    result = run_preflight(policy(stages=[typo, rest]), observe(cluster=CANARY_AND_REST))
     finding = next(f for f in result.findings if f.code == "StageSelectsNothing")
     assert finding.severity == Severity.WARNING
-    assert "'canary' (the canary)" in finding.message and then in finding.message
+    assert "'canary' (the canary)" in finding.message
+    assert "the next stage's 5 nodes" in finding.message
     assert "spec.paused" in finding.message and "kubectl proxymode plan" in finding.message
+
+
+def test_stages_that_select_nothing_at_all_are_refused() -> None:
+    """A review: every stage empty (``pool: nosuch``), the run patched the source (OnDelete,
+    so its image bumps stopped rolling), kept an empty target pair and "completed" in mixed
+    mode, for as long as the policy lived. Refused before anything changes."""
+    typo = {"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canry"}}}
+    gpu = {"name": "gpu", "nodeSelector": {"matchLabels": {"pool": "gpu"}}}
+    result = run_preflight(policy(stages=[typo, gpu]), observe(cluster=CANARY_AND_REST))
+    finding = only(result, "StageSelectsNothing")
+    assert finding.severity == Severity.ERROR
+    assert "No stage selects a node" in finding.message and "5 eligible nodes" in finding.message
+    assert not result.passed
 
 
 def test_partial_coverage_is_reported() -> None:

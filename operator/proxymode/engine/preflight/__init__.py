@@ -25,7 +25,8 @@ TargetMode         AlreadyInTargetMode, ModeUnsupported, ConfigOverridesInvalid,
                    FeatureGateAdded (Info)
 Kernels            KernelTooOld (Error, or Warning with incompatibleNodes: Exclude),
                    KernelUnknown (Warning)
-Nodes              NoEligibleNodes (Error); StageSelectsNothing, NodesNotReady (Warning);
+Nodes              NoEligibleNodes, StageSelectsNothing for every stage (Error);
+                   StageSelectsNothing, NodesNotReady (Warning);
                    PartialCoverage, ControlPlaneLast (Info; Warning when one goes first)
 Metrics            MetricsNotScraped (Warning): kube-proxy's metrics on loopback only;
                    MetricSeriesMissing (Error): Prometheus lacks a check's series for

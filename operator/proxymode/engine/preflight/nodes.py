@@ -205,6 +205,21 @@ def node_findings(
         ]
     findings: list[Finding] = []
     plan = plan_stages(spec.stages, [PlanNode(n.name, n.labels, n.zone) for n in eligible])
+    if not any(plan):
+        # Nothing would move, yet the run would patch the source (OnDelete: its image bumps
+        # stop rolling) and keep an empty target pair for as long as the policy lives, in
+        # a "Completed" mixed mode (a review). Refused: nothing is changed.
+        return [
+            new_finding(
+                Severity.ERROR,
+                Code.STAGE_SELECTS_NOTHING,
+                f"No stage selects a node: the {plural(len(eligible), 'eligible node')} match"
+                " none of the stages' nodeSelectors, so nothing would move, while the source"
+                " DaemonSet would stay patched (OnDelete) for as long as the policy lives."
+                " Fix the stages' nodeSelectors (a typo in a label?) and retry; check a"
+                " policy with `kubectl proxymode plan` before applying it.",
+            )
+        ]
     for index, (stage, nodes) in enumerate(zip(spec.stages, plan, strict=True)):
         if nodes:
             continue
@@ -217,8 +232,6 @@ def node_findings(
             then = (
                 f"The first nodes to move would be the next stage's "
                 f"{plural(len(after), 'node')}, with no canary before them."
-                if after
-                else "No stage selects a node: nothing would move."
             )
             findings.append(
                 new_finding(
