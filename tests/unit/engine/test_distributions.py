@@ -79,6 +79,7 @@ def observed(
         source_daemon_set=daemon_set,
         source_config_map=cm,
         facts=ClusterFacts(**facts),
+        service_ips={"default/kubernetes": "10.96.0.1"},  # as the adapter reads it
     )
 
 

@@ -69,6 +69,7 @@ def observe(
         source_daemon_set=ds if daemon_set is _DEFAULT else daemon_set,
         source_config_map=cm if config_map is _DEFAULT else config_map,
         facts=ClusterFacts(**facts),
+        service_ips={"default/kubernetes": "10.96.0.1"},  # as the adapter reads it
     )
 
 

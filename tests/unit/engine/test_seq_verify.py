@@ -98,10 +98,24 @@ def test_verification_off_trusts_ready_and_runs_no_job() -> None:
     assert run.policy.status.verification is None
 
 
-def test_a_verify_service_that_does_not_exist_is_a_breach_naming_it() -> None:
+def test_a_verify_service_that_does_not_exist_is_refused_before_anything_moves() -> None:
+    """A review: a typo in spec.verify.service passed preflight, and the first moved node's
+    verification failed and rolled the run back. Preflight now refuses it."""
     sim = Sim.cluster({"canary": 1, "general": 1})
     sim.service_ips.clear()
     run = Run(sim, make_policy())
+    run.until(lambda p: p.status.phase in (Phase.ROLLED_BACK, Phase.FAILED, Phase.COMPLETED))
+    assert run.policy.status.phase == Phase.FAILED, run.policy.status.message
+    assert "VerifyServiceMissing" in [f.code for f in run.policy.status.preflight.findings]
+    assert "The Service default/kubernetes" in (run.policy.status.message or "")
+    assert sim.get("DaemonSet", "kube-proxy-nftables") is None, "nothing changed"
+
+
+def test_a_verify_service_gone_mid_run_is_a_breach_naming_it() -> None:
+    sim = Sim.cluster({"canary": 1, "general": 1})
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.phase == Phase.PROGRESSING)
+    sim.service_ips.clear()
     run.until(lambda p: p.status.phase in (Phase.ROLLED_BACK, Phase.FAILED, Phase.COMPLETED))
     # The rollback itself is not stopped by the missing Service: its moves back count as done.
     assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message

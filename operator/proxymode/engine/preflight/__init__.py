@@ -34,6 +34,7 @@ Metrics            MetricsNotScraped (Warning): kube-proxy's metrics on loopback
 GitOps             ManagedByGitOps (Warning): Helm or Argo CD marks on the source objects
 OtherPolicies      AnotherPolicyInFlight (Error)
 Labels             NodesAlreadyLabelled (Error): proxymode.io/mode set before the policy
+Verify             VerifyServiceMissing (Error): spec.verify.service not found
 =================  =========================================================================
 
 Facts from ``reference/kube-proxy.md``: the target mode must exist in the running kube-proxy
@@ -71,6 +72,7 @@ from proxymode.engine.preflight.source import (
 )
 from proxymode.engine.preflight.target import check_target
 from proxymode.engine.preflight.text import get_str, value_counts
+from proxymode.engine.preflight.verification import verify_service
 from proxymode.kubeproxy import KubeProxyConfig, KubeVersion, TargetConfig
 
 KERNEL_TOO_OLD: Final = Code.KERNEL_TOO_OLD
@@ -242,6 +244,10 @@ def check_labels(facts: Facts) -> list[Finding]:
     return labelled_nodes(facts.candidates) if facts.daemon_set is not None else []
 
 
+def check_verify(facts: Facts) -> list[Finding]:
+    return verify_service(facts.spec, facts.observed)
+
+
 Check = Callable[[Facts], list[Finding]]
 CHAIN: Final[tuple[tuple[str, Check], ...]] = (
     ("SourceDaemonSet", check_source_daemon_set),
@@ -254,6 +260,7 @@ CHAIN: Final[tuple[tuple[str, Check], ...]] = (
     ("GitOps", check_gitops),
     ("OtherPolicies", check_other_policies),
     ("Labels", check_labels),
+    ("Verify", check_verify),
 )
 
 

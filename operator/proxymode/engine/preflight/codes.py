@@ -41,6 +41,8 @@ class Code(StrEnum):
     # metrics the checks need
     METRICS_NOT_SCRAPED = "MetricsNotScraped"
     METRIC_SERIES_MISSING = "MetricSeriesMissing"
+    # verification
+    VERIFY_SERVICE_MISSING = "VerifyServiceMissing"
     # conflicts
     MANAGED_BY_GITOPS = "ManagedByGitOps"
     ANOTHER_POLICY_IN_FLIGHT = "AnotherPolicyInFlight"
