@@ -93,7 +93,7 @@ def test_coverage_names_each_checks_reporting_nodes(prometheus_url: str) -> None
     names = [n.name for n in NODES] + [NEVER_SCRAPED]
     got = series.coverage(_prom(policy), policy, _observed(names), at=EVAL_TIME)
     by_check = {c.name: c for c in got.checks}
-    assert "custom" not in by_check  # custom queries are not asked before the move
+    assert "custom" not in by_check  # a valid custom query: only its syntax is asked
     scraped = {n.name for n in NODES}
     for name in ("sync-p99", "netprog", "failures", "staleness"):
         assert by_check[name].error == ""
@@ -134,3 +134,29 @@ def test_unreachable_prometheus_is_an_error_per_check() -> None:
     assert all("ConnectionError" in c.error for c in got.checks)
     result = run_preflight(policy.spec, replace(_observed(["c1"]), series=got))
     assert any("could not be asked" in f.message for f in result.findings)
+
+
+def test_a_custom_query_prometheus_refuses_is_an_error_before_the_first_move(
+    prometheus_url: str,
+) -> None:
+    """A review: a custom query with a syntax error passed preflight, the canaries moved,
+    and every round was inconclusive (bad_data). Prometheus is asked whether it takes the
+    query as PromQL; a query over series no node has yet (the target mode's) is not refused."""
+    checks = [
+        *CHECKS,
+        {"name": "typo", "query": "sum(rate(up{ {{nodes}} }[5m]", "min": 1},
+        {"name": "later", "query": "sum(kubeproxy_nft_only{ {{nodes}} })", "min": 0},
+    ]
+    policy = _policy(prometheus_url)
+    spec = policy.spec.wire()
+    spec["analysis"]["checks"] = checks
+    policy = ProxyModePolicy.model_validate({"metadata": policy.metadata, "spec": spec})
+    obs = _observed([n.name for n in NODES])
+    got = series.coverage(_prom(policy), policy, obs, at=EVAL_TIME)
+    by_check = {c.name: c for c in got.checks}
+    assert "later" not in by_check and "custom" not in by_check
+    assert "bad_data" in by_check["typo"].invalid, by_check["typo"]
+    result = run_preflight(policy.spec, replace(obs, series=got))
+    (finding,) = [f for f in result.findings if f.code == "QueryInvalid"]
+    assert "Check typo's query" in finding.message and "parse error" in finding.message
+    assert not result.passed

@@ -166,13 +166,16 @@ class CheckSeries:
     """Values of the node label among the series found."""
     error: str = ""
     """Why Prometheus could not say (unreachable, refused the query); empty when it did."""
+    invalid: str = ""
+    """A custom query Prometheus refused as PromQL (``bad_data``), in its words: asked
+    before the first move for its syntax only (its series may come with the target mode)."""
 
 
 @dataclass(frozen=True)
 class SeriesCoverage:
     """The adapter's look at Prometheus before the first move (issue 15): for each template
-    check, the nodes it has series for. Custom queries are not asked (they may read series
-    only the target mode exports)."""
+    check, the nodes it has series for. Custom queries are asked only whether Prometheus
+    takes them as PromQL (they may read series only the target mode exports)."""
 
     time: datetime
     checks: tuple[CheckSeries, ...] = ()

@@ -4,18 +4,19 @@ Asked while the policy is Pending or in Preflight (nothing has changed yet), one
 template check (``analysis.templates.series_query``) over every node the cluster has; the
 engine's preflight compares the answer with the eligible nodes (``MetricSeriesMissing``).
 So a node Prometheus does not scrape, or a node label that does not carry node names, is
-found before a canary moves, not after it as NoData. Custom queries are not asked: they may
-read series only the target mode exports.
+found before a canary moves, not after it as NoData. Custom queries are asked only whether
+Prometheus takes them as PromQL: their series may come only with the target mode.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from proxymode.analysis.templates import series_query
-from proxymode.api.models import Analysis, ProxyModePolicy, Template
+from proxymode.analysis.templates import group_query, series_query
+from proxymode.api.models import Analysis, Check, ProxyModePolicy, Template
 from proxymode.engine.look import PREFLIGHT_OBSERVED
 from proxymode.engine.observed import CheckSeries, Observed, SeriesCoverage
+from proxymode.kube.reach import PrometheusAnswerError
 from proxymode.kube.rounds import Prometheus
 
 ASKED_IN = PREFLIGHT_OBSERVED
@@ -41,7 +42,12 @@ def coverage(
     names = [n.name for n in observed.nodes if n.name]
     checks: list[CheckSeries] = []
     for check in analysis.checks:
-        if check.template is None or not names:
+        if not names:
+            continue
+        if check.template is None:
+            invalid = _refused_as_promql(prom, check, analysis, names, at)
+            if invalid:
+                checks.append(CheckSeries(check.name, invalid=invalid))
             continue
         query = series_query(Template(check.template), nodes=names, node_label=label)
         try:
@@ -51,6 +57,28 @@ def coverage(
             continue
         checks.append(CheckSeries(check.name, frozenset(r.get(label, "") for r, _ in rows)))
     return SeriesCoverage(time=observed.now, checks=tuple(checks))
+
+
+def _refused_as_promql(
+    prom: Prometheus, check: Check, analysis: Analysis, names: list[str], at: float | None
+) -> str:
+    """Prometheus's words when it refuses a custom check's query as PromQL (``bad_data``: a
+    typo every round would only call inconclusive, after nodes moved); empty otherwise.
+    Other answers say nothing here: its series may exist only once nodes run the target."""
+    try:
+        query = group_query(
+            check,
+            nodes=names,
+            node_label=analysis.prometheus.node_label,
+            window_seconds=analysis.window_seconds,
+        )
+        prom.values(query, at=at)
+    except PrometheusAnswerError as e:
+        said = str(e)
+        return said[:500] if "bad_data" in said else ""
+    except Exception:  # unreachable, or not renderable: the rounds say so
+        return ""
+    return ""
 
 
 def look(

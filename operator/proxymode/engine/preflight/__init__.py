@@ -30,7 +30,8 @@ Nodes              NoEligibleNodes, StageSelectsNothing for every stage (Error);
                    PartialCoverage, ControlPlaneLast (Info; Warning when one goes first)
 Metrics            MetricsNotScraped (Warning): kube-proxy's metrics on loopback only;
                    MetricSeriesMissing (Error): Prometheus lacks a check's series for
-                   eligible nodes (asked before the first move, ``Observed.series``)
+                   eligible nodes (asked before the first move, ``Observed.series``);
+                   QueryInvalid (Error): Prometheus refuses a custom query as PromQL
 GitOps             ManagedByGitOps (Warning): Helm or Argo CD marks on the source objects
 OtherPolicies      AnotherPolicyInFlight (Error)
 Labels             NodesAlreadyLabelled (Error): proxymode.io/mode set before the policy

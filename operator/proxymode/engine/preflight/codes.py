@@ -41,6 +41,7 @@ class Code(StrEnum):
     # metrics the checks need
     METRICS_NOT_SCRAPED = "MetricsNotScraped"
     METRIC_SERIES_MISSING = "MetricSeriesMissing"
+    QUERY_INVALID = "QueryInvalid"
     # verification
     VERIFY_SERVICE_MISSING = "VerifyServiceMissing"
     # conflicts

@@ -130,6 +130,18 @@ def series_findings(
     later: list[str] = []
     for check in analysis.checks:
         series = measured.get(check.name)
+        if series is not None and series.invalid:
+            findings.append(
+                new_finding(
+                    Severity.ERROR,
+                    Code.QUERY_INVALID,
+                    f"Check {check.name}'s query is not PromQL Prometheus accepts: it"
+                    f" {series.invalid}. Every round would be inconclusive, after nodes"
+                    f" moved. Fix spec.analysis.checks[{check.name}].query (its placeholders"
+                    " {{nodes}} and {{by_node}} are filled in before it is sent), then retry.",
+                )
+            )
+            continue
         if check.template is None or series is None or check.template in _ON_EVENTS_ONLY:
             continue
         if series.error:
