@@ -160,6 +160,7 @@ def adopt_new_plan(look: Look) -> None:
         stages.append(kept or StageStatus(name=spec_stage.name))
     orphans = [n for s in old.values() for n in s.nodes]
     look.status.stages = stages
+    dropped = _drop_untouched_leavers(look, stages)
     plan = plan_stages(look.spec.stages, eligible(look), _fixed(stages))
     for i, stage in enumerate(stages):
         if stage.phase == StagePhase.PENDING:
@@ -191,9 +192,42 @@ def adopt_new_plan(look: Look) -> None:
     look.status.current_stage = current
     look.status.plan_hash = plan_hash(look.spec)
     look.status.resume_phase = Phase.PROGRESSING
-    look.event(
-        EventReason.PLAN_ADOPTED, f"resumed with the new plan at stage {stages[current].name}"
+    left = (
+        f"; {named(dropped)}, not yet moved and no longer selected, left the started stages"
+        if dropped
+        else ""
     )
+    look.event(
+        EventReason.PLAN_ADOPTED,
+        f"resumed with the new plan at stage {stages[current].name}{left}",
+    )
+
+
+def _drop_untouched_leavers(look: Look, stages: list[StageStatus]) -> list[str]:
+    """A started stage keeps its nodes, but not one the new spec no longer selects (its
+    ``nodeSelector``, the stage's own selector) that nothing has touched yet: no move, no
+    label. A review narrowed spec.nodeSelector to keep a suspect node out mid-stage, and it
+    moved anyway. Nodes moved, moving or labelled stay, so rollback still finds them."""
+    chosen = {n.name for n in eligible(look)}
+    flying = {m.node for m in look.status.moves}
+    dropped: list[str] = []
+    for spec_stage, stage in zip(look.spec.stages, stages, strict=False):
+        if stage.phase == StagePhase.PENDING:
+            continue
+        moved = set(stage.moved or [])
+
+        def leaves(name: str, spec_stage: Stage = spec_stage, moved: set[str] = moved) -> bool:
+            view = look.obs.node(name)
+            if name in moved or name in flying or (view is not None and view.mode_label):
+                return False
+            if name not in chosen or view is None:
+                return True
+            selector = spec_stage.node_selector
+            return selector is not None and not selector_matches(selector, view.labels)
+
+        dropped += [n for n in stage.nodes if leaves(n)]
+        stage.nodes = [n for n in stage.nodes if not leaves(n)]
+    return dropped
 
 
 def covers_every_node(look: Look) -> bool:

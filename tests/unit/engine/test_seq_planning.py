@@ -520,3 +520,35 @@ def test_a_config_override_that_cannot_render_mid_run_holds_until_fixed() -> Non
     sim.action = "resume"
     run.until(terminal)
     assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+
+
+def test_a_narrower_selector_keeps_an_untouched_node_of_a_started_stage_from_moving() -> None:
+    """A review on the sandbox: spec.nodeSelector narrowed mid-stage to keep a suspect node
+    out, then resumed; the node moved anyway ("PlanAdopted" said nothing of it). A node of
+    a started stage that nothing has touched leaves it when the new spec no longer selects
+    it; the nodes already moved stay recorded."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    stages = [{"name": "gen", "nodeSelector": GENERAL, "bakeSeconds": 5}]
+    run = Run(sim, make_policy(stages=stages, maxUnavailable=1))
+    run.until(lambda p: p.status.stages[0].nodes_done >= 1)
+    flying = {m.node for m in run.policy.status.moves}
+    suspect = next(
+        n
+        for n in run.policy.status.stages[0].nodes
+        if MODE_LABEL not in sim.nodes[n].labels and n not in flying
+    )
+    narrowed = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["general"]},
+                                     {"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                      "values": [suspect]}]}  # fmt: skip
+    for name, node in sim.nodes.items():
+        node.labels.setdefault("kubernetes.io/hostname", name)
+    run.policy = with_spec(run.policy, nodeSelector=narrowed)
+    run.until(lambda p: p.status.phase == Phase.PAUSED)
+    sim.action = "resume"
+    run.until(terminal)
+    st = run.policy.status
+    assert st.phase == Phase.COMPLETED, st.message
+    assert MODE_LABEL not in sim.nodes[suspect].labels, f"{suspect} moved"
+    assert suspect not in st.stages[0].nodes
+    (adopted,) = run.events("PlanAdopted")
+    assert f"node {suspect}, not yet moved and no longer selected" in adopted.message
