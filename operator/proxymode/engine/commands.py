@@ -57,6 +57,13 @@ def _why_not(look: Look, action: str) -> str:
     if action == "resume":
         return f"the phase is {st.phase}, not Paused: nothing waits for a resume"
     if action == "retry":
+        if st.phase == Phase.COMPLETED:
+            return (
+                "the policy is Completed: retry starts a new run only from Failed or"
+                " RolledBack; to move the cluster again, delete this policy"
+                + (" (it rolls every node back)" if not st.finalized else "")
+                + " or create another"
+            )
         return (
             f"the phase is {st.phase}: a run is in flight; retry starts a new run only from"
             " Failed or RolledBack (abort first to roll this one back)"
@@ -73,6 +80,8 @@ _ABORT_REFUSALS: dict[str, str] = {
     " the policy to move every node back",
     Phase.COMPLETED: "the policy is Completed and finalized: the target mode is the cluster's"
     " mode now",
+    Phase.ROLLED_BACK: "the policy is RolledBack: every node is back on the source mode;"
+    " retry starts a new run, or delete the policy",
 }
 """Why an ``abort`` is refused, by phase (``mixed``: a mixed-mode Completed)."""
 

@@ -207,8 +207,10 @@ def _restart_what_read_the_target_mode(lk: Look) -> bool:
         return True
     walk.start_moves(lk, nodes, MoveDirection.BACK, through_switching=True)
     lk.status.message = (
-        f"{len(nodes)} source kube-proxies started in {lk.target_mode} while finalizing:"
-        " restarting them in the source mode" + (f"; {waiting}" if down else "")
+        f"{proxies(len(nodes), 'source kube-proxy', 'source kube-proxies')} started in"
+        f" {lk.target_mode} while finalizing: restarting"
+        f" {'it' if len(nodes) == 1 else 'them'} in the source mode"
+        + (f"; {waiting}" if down else "")
     )
     return True
 
@@ -225,6 +227,10 @@ def _source_config_first(lk: Look) -> bool:
         return True
     lk.soon(1)
     return False
+
+
+def proxies(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
 
 
 def _unrecorded(lk: Look) -> list[str]:
