@@ -23,6 +23,7 @@ from tests.unit.engine.seq import (
     make_policy,
     terminal,
     with_exclusion_term,
+    with_spec,
 )
 from tests.unit.engine.sim import Sim
 
@@ -147,3 +148,33 @@ def test_a_persons_config_edit_mid_bake_survives_an_abort_after_finalize_wrote()
     assert run.policy.status.phase == Phase.ROLLED_BACK, run.policy.status.message
     assert config_mode(sim) == "iptables"
     assert _is_liberal(sim), "the person's edit was undone by the rollback"
+
+
+def test_finalize_set_true_on_a_completed_mixed_mode_policy_finalizes_it() -> None:
+    """A review: ``finalize: false`` ran to Completed over every node, then ``finalize:
+    true`` was set and nothing happened, without a word (and deleting the policy rolls
+    every node back). It now finalizes, as a run with ``finalize: true`` would have."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    run = Run(sim, make_policy(finalize=False))
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED and run.policy.status.finalized is False
+    run.policy = with_spec(run.policy, finalize=True)
+    run.until(lambda p: p.status.phase == Phase.COMPLETED and bool(p.status.finalized))
+    assert "Finalizing" in [h.phase for h in run.policy.status.history]
+    assert sim.get("DaemonSet", "kube-proxy-nftables") is None
+    for node in sim.nodes:
+        (pod,) = sim.proxies_on(node)
+        assert pod.owner == "kube-proxy" and pod.mode == "nftables", node
+
+
+def test_finalize_set_true_on_a_partial_mixed_mode_policy_says_what_it_waits_for() -> None:
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    canary = [{"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}}]
+    run = Run(sim, make_policy(stages=canary, finalize=False))
+    run.until(terminal)
+    run.policy = with_spec(run.policy, finalize=True)
+    run.steps(3)
+    assert run.policy.status.phase == Phase.COMPLETED and not run.policy.status.finalized
+    assert "spec.finalize is true: the policy finalizes once its stages cover every node" in (
+        run.policy.status.message or ""
+    )

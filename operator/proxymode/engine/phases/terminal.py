@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from proxymode.api.models import MoveDirection, Phase
-from proxymode.api.reasons import RollbackReason
+from proxymode.api.reasons import EventReason, RollbackReason
 from proxymode.engine import moves, naming, node_checks, walk
 from proxymode.engine.actions import DeleteObject
 from proxymode.engine.commands import retry
 from proxymode.engine.look import Look
-from proxymode.engine.stages import mixed_mode_words, refresh_plan
+from proxymode.engine.stages import covers_every_node, mixed_mode_words, refresh_plan
 
 
 def look(lk: Look) -> Phase | None:
     if lk.status.phase == Phase.COMPLETED and not lk.status.finalized:
         _keep_mixed_mode(lk)
+        if _finalize_now(lk):
+            return Phase.FINALIZING
     if lk.status.phase not in (Phase.ROLLED_BACK, Phase.COMPLETED):
         return None
     _drop_backup(lk)
@@ -42,6 +44,28 @@ def _keep_mixed_mode(lk: Look) -> None:
         lk.status.message = mixed_mode_words(lk, done) + node_checks.kubelets_waited(
             lk, node_checks.forward_todo(lk, started_only=False)
         )
+
+
+def _finalize_now(lk: Look) -> bool:
+    """``finalize: true`` set on a Completed mixed-mode policy: it finalizes once every node
+    runs the target mode (a review set it and nothing happened, without a word); until then
+    the message says what it waits for."""
+    if not lk.spec.finalize or lk.trouble:
+        return False
+    done = sum(stage.nodes_done for stage in lk.status.stages)
+    if covers_every_node(lk) and not lk.status.moves and done == len(lk.planned()):
+        lk.transition(
+            Phase.FINALIZING,
+            EventReason.FINALIZING,
+            "spec.finalize is true and every node runs the target mode; folding it into the"
+            " source objects",
+        )
+        return True
+    lk.status.message = (
+        f"{lk.status.message or ''}; spec.finalize is true: the policy finalizes once its"
+        " stages cover every node and each runs the target mode"
+    )
+    return False
 
 
 def _drop_backup(lk: Look) -> None:
