@@ -4,6 +4,8 @@ run labelled goes back even after it left spec.nodeSelector."""
 
 from __future__ import annotations
 
+import json
+
 from proxymode.api.models import Phase
 from proxymode.engine.observed import MODE_LABEL
 from tests.unit.engine.seq import (
@@ -112,4 +114,31 @@ def test_a_rollback_stuck_on_a_broken_source_template_ends_once_a_person_fixes_i
     for node in sim.nodes:
         pods = sim.proxies_on(node)
         assert len(pods) == 1 and pods[0].owner == "kube-proxy" and pods[0].ready, node
+    assert not nodes_labelled(sim, "nftables") and not nodes_labelled(sim, "switching")
+
+
+def test_deleting_a_policy_whose_source_config_map_is_gone_restores_the_source_daemon_set() -> None:
+    """A review: the source ConfigMap deleted mid-bake (Failed: it disappeared), then the
+    policy deleted: its labels went, but the source DaemonSet stayed patched (OnDelete, the
+    exclusion term, the strategy annotation), which needs only the DaemonSet and the
+    snapshot to undo."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    before = json.loads(json.dumps(sim.get("DaemonSet", "kube-proxy")["spec"]))
+    run = Run(sim, make_policy(stages=[{**s, "bakeSeconds": 600} for s in THREE_STAGES]))
+    run.checking = False  # the ConfigMap goes: no world to check against
+    run.until(phase_is(Phase.ANALYZING))
+    del sim.objects[("ConfigMap", "kube-proxy")]
+    run.until(phase_is(Phase.FAILED))
+    run.deleting = True
+    for _ in range(20):
+        if run.step().release_finalizer:
+            break
+    else:
+        raise AssertionError(f"the finalizer was held: {run.policy.status.message}")
+    ds = sim.get("DaemonSet", "kube-proxy")
+    assert ds["spec"]["updateStrategy"] == before["updateStrategy"]
+    assert ds["spec"]["template"]["spec"].get("affinity") == before["template"]["spec"].get(
+        "affinity"
+    )
+    assert "proxymode.io/original-update-strategy" not in ds["metadata"].get("annotations", {})
     assert not nodes_labelled(sim, "nftables") and not nodes_labelled(sim, "switching")

@@ -16,7 +16,13 @@ from proxymode.engine.actions import PatchObject, SetNodeMode
 from proxymode.engine.look import Look
 from proxymode.engine.observed import SWITCHING, ProxyKind
 from proxymode.engine.preflight.nodes import scheduled_by
-from proxymode.engine.restore import patch_config_data, restore, source_config_to_restore
+from proxymode.engine.restore import (
+    patch_config_data,
+    restore,
+    restore_source_spec,
+    source_config_to_restore,
+    undo_source_patch,
+)
 from proxymode.engine.settle import generation_observed, not_seen
 from proxymode.engine.setup import run_changed
 from proxymode.engine.stages import named, nodes
@@ -294,6 +300,16 @@ def on_delete(lk: Look) -> Phase | None:
         # so once, take our labels off, and let the policy go (its objects go with it).
         message = f"{_source_gone(lk)}; deleted without a rollback"
         lk.fail(FailureReason.SOURCE_MISSING, message)
+        src_ds = lk.obs.source_daemon_set
+        if src_ds is not None:
+            # Only the ConfigMap is gone: the DaemonSet's own strategy and affinity need
+            # nothing else (a review found it left OnDelete, its annotation on).
+            if lk.obs.backup is not None:
+                restore_source_spec(
+                    lk, src_ds, lk.obs.backup, "restore the source DaemonSet from the snapshot"
+                )
+            else:
+                undo_source_patch(lk, src_ds)
         for name in walk.labelled(lk, lk.planned()):
             view = lk.obs.node(name)
             lk.actions.append(SetNodeMode(name, None, expect=view.mode_label if view else None))
