@@ -183,6 +183,26 @@ def test_advice_names_a_migration_in_flight_and_offers_no_second_policy() -> Non
     assert advice.with_policies(a, policies[:1]) == a  # a finished one changes nothing
 
 
+def test_advice_names_a_completed_mixed_mode_policy_as_driving_the_nodes() -> None:
+    """A review: every node on nftables through a Completed ``finalize: false`` policy, and
+    advise said "move to nftables" with a starter policy that preflight would refuse."""
+    a = advice.advise(inventory())
+    mixed = {
+        "metadata": {"name": "ph"},
+        "spec": {"targetMode": "nftables"},
+        "status": {"phase": "Completed", "finalized": False, "nodeProgress": "6/6"},
+    }
+    finalized = {**mixed, "status": {"phase": "Completed", "finalized": True}}
+    told = advice.with_policies(a, [mixed])
+    assert told.policy is None and [p["name"] for p in told.in_flight] == ["ph"]
+    text = advice.render(told)
+    assert "policy ph is Completed in mixed mode: its nodes (6/6 nodes moved) run nftables" in (
+        text
+    )
+    assert "Set finalize: true on it" in text
+    assert advice.with_policies(a, [finalized]) == a
+
+
 @pytest.mark.parametrize("version", ["v1.35.0", "v1.36.3", "v1.37.2"])
 @pytest.mark.parametrize("mode", ["iptables", "ipvs", "nftables"])
 def test_advice_never_recommends_ipvs_where_it_is_deprecated(version: str, mode: str) -> None:

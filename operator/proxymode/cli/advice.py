@@ -19,7 +19,7 @@ kernels) and a starter ProxyModePolicy. ipvs is never recommended where it is de
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -88,15 +88,26 @@ def with_policies(a: Advice, policies: Sequence[dict[str, Any]]) -> Advice:
         {
             "name": p["metadata"]["name"],
             "phase": (p.get("status") or {}).get("phase", ""),
+            "mixedMode": (p.get("status") or {}).get("finalized") is False
+            and (p.get("status") or {}).get("phase") == str(models.Phase.COMPLETED),
             "targetMode": (p.get("spec") or {}).get("targetMode"),
             "nodeProgress": (p.get("status") or {}).get("nodeProgress"),
         }
         for p in policies
-        if (p.get("status") or {}).get("phase", "") not in NOT_RUNNING
+        if _drives_nodes(p.get("status") or {})
     ]
     if not running:
         return a
     return replace(a, in_flight=running, policy=None)
+
+
+def _drives_nodes(status: Mapping[str, Any]) -> bool:
+    """In flight, or Completed in mixed mode (``finalized: false``): its nodes run the target
+    mode through its own DaemonSet, whatever the source ConfigMap says, and preflight refuses
+    another policy beside it (a review saw advise offer a starter policy then)."""
+    phase = status.get("phase", "")
+    mixed = phase == str(models.Phase.COMPLETED) and status.get("finalized") is False
+    return phase not in NOT_RUNNING or mixed
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
@@ -392,6 +403,16 @@ def render(a: Advice) -> str:
     out = [f"Recommendation: {verdict}", f"  {a.summary}", ""]
     for p in a.in_flight:
         progress = f", {p['nodeProgress']} nodes moved" if p.get("nodeProgress") else ""
+        if p.get("mixedMode"):
+            out[2:2] = [
+                f"  Note: policy {p['name']} is Completed in mixed mode: its nodes"
+                f"{progress.replace(', ', ' (', 1) + ')' if progress else ''} run"
+                f" {p['targetMode']} through its own DaemonSet (finalize: false), while this"
+                " reads the cluster as the source mode; no starter policy is offered while"
+                " it exists (a second would be refused). Set finalize: true on it to make"
+                f" {p['targetMode']} permanent, or delete it to move every node back.",
+            ]
+            continue
         out[2:2] = [
             f"  Note: policy {p['name']} is migrating this cluster to {p['targetMode']} now"
             f" ({p['phase']}{progress}): this reads the cluster as its source mode, and no"
