@@ -12,6 +12,7 @@ from datetime import datetime
 
 from proxymode.api.models import Condition, Phase, PolicyStatus
 from proxymode.api.reasons import ConditionReason, PauseReason
+from proxymode.engine import moves
 from proxymode.engine.look import Look
 from proxymode.engine.node_checks import health_failure
 
@@ -28,7 +29,10 @@ def derive_summary(look: Look) -> None:
     st.observed_generation = look.obs.generation
     st.current_stage_name = look.stage_name()
     planned = look.planned()
-    moved = [n for n in planned if look.at_target(n)]
+    # Counted as the stages count (``nodesDone``): on the target, healthy, its move ended
+    # (verified). Counting every node on the target label, in flight too, showed "5/6 nodes
+    # moved" over stages saying 2/2 and 2/4 (a review).
+    moved = moves.done(look, planned)
     if st.phase == Phase.FINALIZING or (st.phase == Phase.COMPLETED and st.finalized):
         # Finalizing hands nodes back to the source DaemonSet, now in the target mode: a node
         # handed back still runs the target, so it still counts (the figure stays n/n; it
