@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -89,6 +90,24 @@ def test_plan_of_a_refused_policy_says_it_would_not_start() -> None:
     assert v["wouldStart"] is False
     assert any(f["code"] == "KernelTooOld" and f["severity"] == "Error" for f in v["findings"])
     assert "REFUSED" in planning.render(v)
+
+
+def test_plan_of_a_running_policy_does_not_call_its_own_moves_a_person_s_labels() -> None:
+    """A review: ``plan -f`` of an edit of a running policy said REFUSED,
+    NodesAlreadyLabelled, "remove the label": the policy's own moved canaries. With its
+    snapshot there, they are its moves (as the engine reads them), and the plan says so."""
+    nodes = tuple(
+        replace(n, labels={**n.labels, "proxymode.io/mode": "nftables"})
+        if n.name.startswith("canary")
+        else n
+        for n in cluster()
+    )
+    fresh = planning.plan_view(spec(), observe(cluster=nodes), "p")
+    assert "NodesAlreadyLabelled" in [f["code"] for f in fresh["findings"]]
+    running = planning.plan_view(spec(), replace(observe(cluster=nodes), backup={"run": "1"}), "p")
+    assert "NodesAlreadyLabelled" not in [f["code"] for f in running["findings"]]
+    assert running["wouldStart"] is True and running["running"] is True
+    assert "ProxyModePolicy p exists and is running" in planning.render(running)
 
 
 def _node(name: str, pool: str, kernel: str) -> dict[str, Any]:

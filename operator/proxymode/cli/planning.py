@@ -16,7 +16,7 @@ from typing import Any
 from proxymode.api.models import PolicySpec, Stage
 from proxymode.engine.observed import Observed
 from proxymode.engine.planner import PlanNode, max_unavailable_count, plan_stages, selector_matches
-from proxymode.engine.preflight import run_preflight
+from proxymode.engine.preflight import Code, run_preflight
 
 NOT_SCHEDULED = "the source DaemonSet does not run there (its nodeSelector or affinity)"
 NOT_SELECTED = "does not match the policy's nodeSelector"
@@ -44,6 +44,12 @@ def _stage_rule(stage: Stage) -> str:
 def plan_view(spec: PolicySpec, observed: Observed, name: str = "") -> dict[str, Any]:
     """Preflight, the stages' nodes by zone, and every node left out with the reason."""
     result = run_preflight(spec, observed)
+    running = observed.backup is not None
+    if running:
+        # A policy of this name has a snapshot: it is running, and the labelled nodes are its
+        # own moves, as the engine's preflight reads them. "Remove the label" would have
+        # pointed at its moved canaries (a review).
+        result = result.without(Code.NODES_ALREADY_LABELLED)
     eligible_names = set(result.eligible)
     eligible = [
         PlanNode(n.name, n.labels, n.zone)
@@ -94,6 +100,7 @@ def plan_view(spec: PolicySpec, observed: Observed, name: str = "") -> dict[str,
         "stages": stages,
         "leftOut": left_out,
         "findings": [f.wire() for f in result.findings],
+        "running": running,
     }
 
 
@@ -106,6 +113,14 @@ def render(v: Mapping[str, Any]) -> str:
             "passed, the run would start" if v["wouldStart"] else "REFUSED, the run would not start"
         ),
     ]
+    if v.get("running"):
+        out.insert(
+            1,
+            f"Note: ProxyModePolicy {v['name']} exists and is running (its snapshot exists): this"
+            " is the whole plan as a new run would take it; its nodes on the target label are"
+            " its own moves. An edit of its stages pauses it (PlanChanged) until resumed; the"
+            " nodes it moved stay in their stages.",
+        )
     for f in v["findings"]:
         out.append(f"  {f['severity']:<8} {f['code']:<24} {f['message']}")
     out.append("")
