@@ -202,6 +202,21 @@ def test_a_finalized_run_shows_handed_back_nodes_on_the_target_mode() -> None:
     assert kept["stages"][2]["nodes"][0]["mode"] == "iptables"
 
 
+def test_a_rollback_shows_unlabelled_nodes_of_started_stages_as_back() -> None:
+    """A review: deleted while Finalizing, the nodes already handed back showed "iptables
+    not moved" under a Completed stage. In a rollback, an unlabelled node of a started stage
+    is back on the source DaemonSet; one of a stage not started was never moved."""
+    bare = [node(n["metadata"]["name"], "zone-a") for n in NODES]
+    rolling = policy(phase="RollingBack", moves=[])
+    v = tree.view(rolling, bare, [], NOW)
+    steps = {s["name"]: {n["step"] for n in s["nodes"]} for s in v["stages"]}
+    assert steps == {
+        "canary": {"back on the source DaemonSet"},
+        "half": {"back on the source DaemonSet"},
+        "all": {"not moved"},
+    }
+
+
 def test_a_new_policy_shows_the_spec_stages_empty() -> None:
     p = {"metadata": {"name": "x"}, "spec": {"targetMode": "nftables", "stages": [{"name": "a"}]}}
     v = tree.view(p, [], [], NOW)

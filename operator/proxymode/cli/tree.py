@@ -120,8 +120,12 @@ class NodeLine:
     step: str
 
 
-def node_lines(status: Obj, nodes: Sequence[Obj], names: Sequence[str]) -> list[NodeLine]:
-    """Each of ``names`` with its zone, the mode it runs and where it is in its move."""
+def node_lines(
+    status: Obj, nodes: Sequence[Obj], names: Sequence[str], started: bool = True
+) -> list[NodeLine]:
+    """Each of ``names`` with its zone, the mode it runs and where it is in its move.
+    ``started``: the stage has started (its unlabelled nodes in a rollback are back, not
+    "not moved": a review saw handed-back nodes shown so under a Completed stage)."""
     by_name = {n["metadata"]["name"]: n for n in nodes}
     target = str(status.get("targetMode") or "")
     source = str(status.get("sourceMode") or "iptables")
@@ -152,6 +156,8 @@ def node_lines(status: Obj, nodes: Sequence[Obj], names: Sequence[str]) -> list[
             step = "moved, verified"
         elif label == SWITCHING:
             step = "between proxies"
+        elif started and str(status.get("phase")) in ("RollingBack", "RolledBack"):
+            step = "back on the source DaemonSet"
         else:
             step = "not moved"
         out.append(NodeLine(name, labels.get(ZONE_LABEL, "-"), mode, step))
@@ -168,7 +174,9 @@ def view(policy: Obj, nodes: Sequence[Obj], events: Sequence[Obj], now: datetime
     analysis = status.get("analysis") or {}
     stages = []
     for st in status.get("stages") or []:
-        lines = node_lines(status, nodes, st.get("nodes") or [])
+        lines = node_lines(
+            status, nodes, st.get("nodes") or [], started=st.get("phase", "Pending") != "Pending"
+        )
         stages.append(
             {
                 "name": st.get("name"),
