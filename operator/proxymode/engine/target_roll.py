@@ -216,7 +216,17 @@ def _older(pod: ProxyPod, ds: Object) -> bool:
         current is not None
         and pod.template_generation is not None
         and pod.template_generation < current
+        and _not_all_updated(ds)
     )
+
+
+def _not_all_updated(ds: Object) -> bool:
+    """The DaemonSet's controller has pods left to replace. It calls a pod updated when its
+    generation or its revision hash is current, so after a template reverted mid-roll
+    (A, B, A) the pods still on A are current with their old generation: generation alone
+    held every move for ever (a review)."""
+    st = ds.get("status") or {}
+    return int(st.get("updatedNumberScheduled") or 0) < int(st.get("desiredNumberScheduled") or 0)
 
 
 def _not_ready_at_target(look: Look) -> list[str]:

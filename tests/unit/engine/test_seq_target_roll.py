@@ -291,7 +291,9 @@ def test_no_move_starts_while_a_directly_edited_target_still_has_pods_to_replace
     run.until(lambda p: p.status.phase == Phase.PAUSED and not p.status.moves)
     _edit_target(sim)
     ds = sim.get("DaemonSet", "kube-proxy-nftables")
-    ds["status"]["observedGeneration"] = ds["metadata"]["generation"]  # taken up
+    # Taken up by the controller, which counts no pod of the new template yet.
+    ds["status"]["observedGeneration"] = ds["metadata"]["generation"]
+    ds["status"]["updatedNumberScheduled"] = 0
     run.policy = with_spec(run.policy, paused=False)
     for _ in range(3):
         decision = run.step(tick=False)
@@ -345,3 +347,25 @@ def test_a_deleted_target_is_made_again_and_said() -> None:
     run.until(terminal)
     assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
     assert len(run.events("TargetDeleted")) == 1
+
+
+def test_a_target_edit_taken_back_mid_roll_does_not_hold_the_walk() -> None:
+    """A review: ``kubectl set image`` on the target, one pod replaced, then ``kubectl
+    rollout undo``. The pods still on the first template keep their old generation, and the
+    controller never replaces them (their revision hash is current again): judged by
+    generation alone they held every move for ever. The DaemonSet's own count of updated
+    pods says whether a roll is left."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=1))
+    run.until(lambda p: p.status.current_stage == 1 and p.status.stages[1].nodes_done >= 1)
+    run.until(lambda p: not p.status.moves)
+    ds = sim.get("DaemonSet", "kube-proxy-nftables")
+    before = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+    _edit_target(sim)
+    run.checking = False  # the person's roll takes a node down at once
+    sim.tick()  # the controller replaces one pod
+    ds = sim.get("DaemonSet", "kube-proxy-nftables")
+    ds["spec"]["template"]["spec"]["containers"][0]["image"] = before  # rollout undo
+    sim._store(ds)
+    run.until(terminal, limit=150)
+    assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
