@@ -169,10 +169,18 @@ def adopt_new_plan(look: Look) -> None:
         (i for i, s in enumerate(stages) if s.phase != StagePhase.COMPLETED), len(stages) - 1
     )
     # Nodes moved by a stage the new plan dropped stay recorded, so rollback finds them,
-    # and so do their finished moves (they are not a person's label).
+    # and so do their finished moves (they are not a person's label). So does a node moving
+    # forward that the re-plan left out or put in a later stage (its stage stored Pending
+    # by a lost write, then narrowed out: a review saw it finish recorded nowhere).
+    flying = [m.node for m in look.status.moves if m.direction == MoveDirection.FORWARD]
+    for stage in stages[current + 1 :]:
+        if stage.phase == StagePhase.PENDING:
+            stage.nodes = [n for n in stage.nodes if n not in flying]
+    placed_now = {n for s in stages for n in s.nodes}
     stages[current].nodes = [
         *stages[current].nodes,
         *[n for n in orphans if n not in stages[current].nodes],
+        *[n for n in flying if n not in placed_now and n not in orphans],
     ]
     moved = [n for s in old.values() for n in (s.moved or [])]
     recorded = stages[current].moved

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 
 from proxymode.api.models import Phase, Preflight, ProxyModePolicy
+from proxymode.engine.actions import SetNodeMode
+from proxymode.engine.machine import advance
 from proxymode.engine.observed import MODE_LABEL
 from tests.unit.engine.seq import (
     ANALYSIS,
@@ -552,3 +554,31 @@ def test_a_narrower_selector_keeps_an_untouched_node_of_a_started_stage_from_mov
     assert suspect not in st.stages[0].nodes
     (adopted,) = run.events("PlanAdopted")
     assert f"node {suspect}, not yet moved and no longer selected" in adopted.message
+
+
+def test_a_node_moving_in_a_stage_stored_pending_is_kept_when_a_plan_edit_leaves_it_out() -> None:
+    """A review: the look that started a stage (its first node to ``switching``) lost its
+    status write, so the stage was stored Pending; spec.nodeSelector was then narrowed to
+    leave that node out; the paused look adopted its move; on resume the Pending stage was
+    re-planned without it, and it finished on the target recorded in no stage."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    for name, node in sim.nodes.items():
+        node.labels.setdefault("kubernetes.io/hostname", name)
+    run = Run(sim, make_policy(maxUnavailable=1))
+    while True:
+        observed = run.observe()
+        decision = advance(run.policy, observed)
+        stored = run.policy.status.stages
+        if stored and stored[1].phase == "Pending" and decision.status.stages[1].phase != "Pending":
+            break
+        run.step(observed=observed)
+    (node,) = [a.node for a in decision.actions if isinstance(a, SetNodeMode) and a.value]
+    run.step(lose_status=True, observed=observed)
+    assert run.policy.status.stages[1].phase == "Pending"
+    narrowed = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                      "values": [node]}]}  # fmt: skip
+    run.policy = with_spec(run.policy, nodeSelector=narrowed)
+    run.until(lambda p: p.status.phase == Phase.PAUSED)
+    sim.action = "resume"
+    run.until(terminal)  # the invariants: no labelled node unrecorded, at every step
+    assert node in {n for s in run.policy.status.stages for n in s.nodes}
