@@ -254,8 +254,13 @@ class Observer:
         namespace, _, service = key.partition("/")
         try:
             body = _raw(self.core.read_namespaced_service, service, namespace)
-        except ApiException:
-            return {}
+        except ApiException as e:
+            if e.status == 404:
+                return {}
+            # Not "it does not exist": preflight would refuse the run on a passing 500. The
+            # look fails, nothing is acted on, and the next one reads it again (a 403 is the
+            # refused-read path's, which says what access is missing).
+            raise
         ip = str(((body or {}).get("spec") or {}).get("clusterIP") or "")
         return {key: ip} if ip and ip != "None" else {}
 

@@ -178,3 +178,20 @@ def test_finalize_set_true_on_a_partial_mixed_mode_policy_says_what_it_waits_for
     assert "spec.finalize is true: the policy finalizes once its stages cover every node" in (
         run.policy.status.message or ""
     )
+
+
+def test_finalize_set_true_while_paused_waits_for_the_pause_to_end() -> None:
+    """A review: finalize: true on a Completed mixed-mode policy with spec.paused true went
+    to Finalizing (Completed is not paused), and could not be taken back."""
+    sim = Sim.cluster({"canary": 2, "general": 2})
+    run = Run(sim, make_policy(finalize=False))
+    run.until(terminal)
+    run.policy = with_spec(run.policy, finalize=True, paused=True)
+    run.steps(3)
+    assert run.policy.status.phase == Phase.COMPLETED and not run.policy.status.finalized
+    assert "spec.finalize is true, held by spec.paused" in (run.policy.status.message or "")
+    assert sim.get("DaemonSet", "kube-proxy-nftables") is not None
+    run.policy = with_spec(run.policy, finalize=False, paused=False)
+    run.steps(3)
+    assert run.policy.status.phase == Phase.COMPLETED and not run.policy.status.finalized
+    assert "spec.finalize is true" not in (run.policy.status.message or "")

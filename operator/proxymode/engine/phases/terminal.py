@@ -52,6 +52,10 @@ def _finalize_now(lk: Look) -> bool:
     the message says what it waits for."""
     if not lk.spec.finalize or lk.trouble:
         return False
+    if lk.spec.paused:
+        # Held, as everything that changes the cluster is (a review: it finalized anyway).
+        lk.status.message = f"{lk.status.message or ''}; spec.finalize is true, held by spec.paused"
+        return False
     done = sum(stage.nodes_done for stage in lk.status.stages)
     if covers_every_node(lk) and not lk.status.moves and done == len(lk.planned()):
         lk.transition(
