@@ -195,3 +195,14 @@ def _strategy(ds: Object | None) -> object:
     """The update strategy's type (a rollback turns the target's to ``OnDelete``; a
     rollout it returns to gets ``RollingUpdate`` back)."""
     return None if ds is None else (ds["spec"].get("updateStrategy") or {}).get("type")
+
+
+def remake_deleted_target(look: Look) -> None:
+    """In a phase that keeps the target pair without walking (Paused, Completed in mixed
+    mode): a deleted target DaemonSet took the moved nodes' kube-proxies with it, and only
+    the rollout's looks made it again; paused or finished, those nodes stayed without one,
+    the status healthy (a review). Made again here, and said (``TargetDeleted``)."""
+    if look.obs.target_daemon_set is not None or look.obs.backup is None:
+        return
+    if any(n.mode_label == look.target_mode for n in look.obs.nodes):
+        ensure_setup(look)

@@ -369,3 +369,28 @@ def test_a_target_edit_taken_back_mid_roll_does_not_hold_the_walk() -> None:
     sim._store(ds)
     run.until(terminal, limit=150)
     assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
+
+
+@pytest.mark.parametrize("where", ["paused", "mixed mode"])
+def test_a_target_deleted_while_paused_or_in_mixed_mode_is_made_again(where: str) -> None:
+    """A review: deleted while the run was paused, or after it completed in mixed mode, the
+    target DaemonSet was made again only by the rollout's looks: the moved nodes stayed
+    without any kube-proxy, the status healthy, nothing said."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    if where == "paused":
+        run = Run(sim, make_policy(maxUnavailable=1))
+        run.until(lambda p: p.status.phase == Phase.ANALYZING)
+        run.policy = with_spec(run.policy, paused=True)
+        run.until(lambda p: p.status.phase == Phase.PAUSED)
+    else:
+        canary = [{"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}}]
+        run = Run(sim, make_policy(stages=canary, finalize=False))
+        run.until(terminal)
+    del sim.objects[("DaemonSet", "kube-proxy-nftables")]
+    sim.pods = [p for p in sim.pods if p.owner != "kube-proxy-nftables"]
+    run.checking = False  # the person's deletion took the moved nodes' proxies at once
+    run.until(lambda p: not sim.without_ready_proxy(), limit=20)
+    assert len(run.events("TargetDeleted")) == 1
+    run.checking = True
+    run.steps(5)
+    assert len(run.events("TargetDeleted")) == 1

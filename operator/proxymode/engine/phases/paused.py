@@ -8,11 +8,13 @@ from proxymode.engine import moves, node_checks, walk
 from proxymode.engine.commands import resume
 from proxymode.engine.look import Look
 from proxymode.engine.planner import plan_hash
+from proxymode.engine.setup import remake_deleted_target
 
 
 def look(lk: Look) -> Phase | None:
     if lk.status.paused_reason == PauseReason.SPEC and not lk.spec.paused:
         return _resume(lk)
+    remake_deleted_target(lk)
     # In-flight moves finish (a node is never left between proxies); no new ones start.
     failure = walk.drive(lk) or node_checks.health_failure(lk)
     if failure and lk.spec.rollback.automatic:

@@ -8,6 +8,7 @@ from proxymode.engine import moves, naming, node_checks, walk
 from proxymode.engine.actions import DeleteObject
 from proxymode.engine.commands import retry
 from proxymode.engine.look import Look
+from proxymode.engine.setup import remake_deleted_target
 from proxymode.engine.stages import covers_every_node, mixed_mode_words, refresh_plan
 
 
@@ -28,6 +29,7 @@ def look(lk: Look) -> Phase | None:
 
 def _keep_mixed_mode(lk: Look) -> None:
     """A finished mixed-mode policy still moves newcomers that join its pools."""
+    remake_deleted_target(lk)
     refresh_plan(lk)
     failure = walk.drive(lk)
     if failure:
