@@ -195,3 +195,21 @@ def test_finalize_set_true_while_paused_waits_for_the_pause_to_end() -> None:
     run.steps(3)
     assert run.policy.status.phase == Phase.COMPLETED and not run.policy.status.finalized
     assert "spec.finalize is true" not in (run.policy.status.message or "")
+
+
+def test_a_config_override_that_cannot_render_while_finalizing_holds_until_fixed() -> None:
+    """A review: configOverrides.mode: ipvs set while nodes were handed back failed the run
+    (FinalizeBlocked) with a hand-back at switching and no kube-proxy there, and resume was
+    refused. It now pauses; the hand-back in flight finishes; fixed and resumed, it ends."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy())
+    run.until(lambda p: p.status.phase == Phase.FINALIZING and bool(p.status.moves))
+    good = run.policy.spec.wire().get("configOverrides")
+    run.policy = with_spec(run.policy, configOverrides={"mode": "ipvs"})
+    run.until(lambda p: p.status.phase == Phase.PAUSED, limit=10)
+    assert run.policy.status.paused_reason == "TargetConfigInvalid"
+    run.until(lambda p: not p.status.moves, limit=20)  # invariants checked at every step
+    run.policy = with_spec(run.policy, configOverrides=good)
+    sim.action = "resume"
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED and run.policy.status.finalized

@@ -69,7 +69,14 @@ def _final_config_written(lk: Look, backup: Mapping[str, str], src_cm: Object) -
             overrides=lk.spec.config_overrides,
         ).to_yaml()
     except (ConfigError, KeyError) as e:
-        lk.fail(FailureReason.FINALIZE_BLOCKED, f"cannot render the final configuration: {e}")
+        # A configOverrides edit mid-Finalizing: hold, the hand-backs in flight finishing
+        # while paused. Failing left one at switching with no kube-proxy, and resume refused
+        # (a review).
+        lk.pause(
+            PauseReason.TARGET_CONFIG_INVALID,
+            f"cannot render the final configuration: {e}; fix spec.configOverrides and"
+            " annotate proxymode.io/action=resume, or abort to roll back",
+        )
         return False
     desired = {**base, key: final}
     if not _kept_before_finalize(lk, backup, current.get(key), final):
