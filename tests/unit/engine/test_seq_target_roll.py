@@ -10,6 +10,8 @@ against the world after every step, whatever put a node down.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from proxymode.api.models import Phase, ProxyModePolicy
@@ -245,8 +247,9 @@ def test_without_a_roll_a_broken_node_keeps_its_stage_s_turn(how: str) -> None:
 
 
 def _edit_target(sim: Sim) -> str:
-    """``kubectl set image ds/kube-proxy-nftables``: the operator's config hash unchanged."""
-    ds = sim.get("DaemonSet", "kube-proxy-nftables")
+    """``kubectl set image ds/kube-proxy-nftables``: the operator's config hash unchanged.
+    A copy is edited, so the store sees the spec change (and bumps its generation)."""
+    ds = copy.deepcopy(sim.get("DaemonSet", "kube-proxy-nftables"))
     container = ds["spec"]["template"]["spec"]["containers"][0]
     container["image"] = str(container["image"]).rsplit(":", 1)[0] + ":v1.37.9-hotfix"
     sim._store(ds)
@@ -394,3 +397,23 @@ def test_a_target_deleted_while_paused_or_in_mixed_mode_is_made_again(where: str
     run.checking = True
     run.steps(5)
     assert len(run.events("TargetDeleted")) == 1
+
+
+def test_a_newcomer_in_mixed_mode_waits_for_a_direct_edit_s_roll() -> None:
+    """A review: Completed in mixed mode, kube-proxy-nftables edited by hand, a node joins:
+    its move started beside the controller's roll, and the edit was never said."""
+    sim = Sim.cluster({"canary": 2, "general": 4})
+    run = Run(sim, make_policy(maxUnavailable=2, finalize=False))
+    run.until(terminal)
+    _edit_target(sim)
+    sim.add_node("general-5", "general")
+    decision = run.step(tick=False)
+    started = [a for a in decision.actions if isinstance(a, SetNodeMode) and a.value]
+    assert not started, started
+    assert "no new node move starts" in (run.policy.status.message or "")
+    assert len(run.events("TargetEdited")) == 1
+    run.until(lambda p: "general-5" in nodes_on(sim, "nftables"), limit=60)
+
+
+def nodes_on(sim: Sim, mode: str) -> set[str]:
+    return {n for n, v in sim.nodes.items() if v.labels.get(MODE_LABEL) == mode}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from proxymode.api.models import MoveDirection, Phase
 from proxymode.api.reasons import EventReason, RollbackReason
-from proxymode.engine import moves, naming, node_checks, walk
+from proxymode.engine import moves, naming, node_checks, target_roll, walk
 from proxymode.engine.actions import DeleteObject
 from proxymode.engine.commands import retry
 from proxymode.engine.look import Look
@@ -35,7 +35,12 @@ def _keep_mixed_mode(lk: Look) -> None:
     if failure:
         lk.status.message = failure
         lk.trouble = failure
-    walk.start_moves(lk, node_checks.forward_todo(lk, started_only=False), MoveDirection.FORWARD)
+    # A newcomer's move never starts beside the target DaemonSet's own rolling update (a
+    # person's edit of it: decision 0073), as in the rollout.
+    lk.moves_held = lk.moves_held or target_roll.rolling(lk)
+    target_roll.report_edit(lk, lk.spec.kube_proxy.daemon_set)
+    todo = node_checks.forward_todo(lk, started_only=False)
+    walk.start_moves(lk, todo, MoveDirection.FORWARD)
     lk.requeue = 2 if lk.status.moves else 60
     # A newcomer counts once it runs the target: each stage's nodesDone and the summary say
     # what runs now, not what ran when the policy completed (a review saw 4/5 and "6 nodes").
@@ -46,6 +51,8 @@ def _keep_mixed_mode(lk: Look) -> None:
         lk.status.message = mixed_mode_words(lk, done) + node_checks.kubelets_waited(
             lk, node_checks.forward_todo(lk, started_only=False)
         )
+        if lk.moves_held and todo:
+            lk.status.message += f"; no new node move starts: {lk.moves_held}"
 
 
 def _finalize_now(lk: Look) -> bool:
