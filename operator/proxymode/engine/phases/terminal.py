@@ -58,27 +58,26 @@ def _keep_mixed_mode(lk: Look) -> None:
 def _finalize_now(lk: Look) -> bool:
     """``finalize: true`` set on a Completed mixed-mode policy: it finalizes once every node
     runs the target mode (a review set it and nothing happened, without a word); until then
-    the message says what it waits for."""
+    the message says what it waits for. Not while ``spec.paused`` (a review: it did)."""
     if not lk.spec.finalize or lk.trouble:
         return False
+    done = sum(stage.nodes_done for stage in lk.status.stages)
+    if not (covers_every_node(lk) and not lk.status.moves and done == len(lk.planned())):
+        lk.status.message = (
+            f"{lk.status.message or ''}; spec.finalize is true: the policy finalizes once its"
+            " stages cover every node and each runs the target mode"
+        )
+        return False
     if lk.spec.paused:
-        # Held, as everything that changes the cluster is (a review: it finalized anyway).
         lk.status.message = f"{lk.status.message or ''}; spec.finalize is true, held by spec.paused"
         return False
-    done = sum(stage.nodes_done for stage in lk.status.stages)
-    if covers_every_node(lk) and not lk.status.moves and done == len(lk.planned()):
-        lk.transition(
-            Phase.FINALIZING,
-            EventReason.FINALIZING,
-            "spec.finalize is true and every node runs the target mode; folding it into the"
-            " source objects",
-        )
-        return True
-    lk.status.message = (
-        f"{lk.status.message or ''}; spec.finalize is true: the policy finalizes once its"
-        " stages cover every node and each runs the target mode"
+    lk.transition(
+        Phase.FINALIZING,
+        EventReason.FINALIZING,
+        "spec.finalize is true and every node runs the target mode; folding it into the"
+        " source objects",
     )
-    return False
+    return True
 
 
 def _drop_backup(lk: Look) -> None:
