@@ -374,7 +374,7 @@ def test_a_target_edit_taken_back_mid_roll_does_not_hold_the_walk() -> None:
     assert run.policy.status.phase == Phase.COMPLETED, run.policy.status.message
 
 
-@pytest.mark.parametrize("where", ["paused", "mixed mode"])
+@pytest.mark.parametrize("where", ["paused", "mixed mode", "finalizing"])
 def test_a_target_deleted_while_paused_or_in_mixed_mode_is_made_again(where: str) -> None:
     """A review: deleted while the run was paused, or after it completed in mixed mode, the
     target DaemonSet was made again only by the rollout's looks: the moved nodes stayed
@@ -385,6 +385,9 @@ def test_a_target_deleted_while_paused_or_in_mixed_mode_is_made_again(where: str
         run.until(lambda p: p.status.phase == Phase.ANALYZING)
         run.policy = with_spec(run.policy, paused=True)
         run.until(lambda p: p.status.phase == Phase.PAUSED)
+    elif where == "finalizing":
+        run = Run(sim, make_policy(maxUnavailable=1))
+        run.until(lambda p: p.status.phase == Phase.FINALIZING and bool(p.status.moves))
     else:
         canary = [{"name": "canary", "nodeSelector": {"matchLabels": {"pool": "canary"}}}]
         run = Run(sim, make_policy(stages=canary, finalize=False))

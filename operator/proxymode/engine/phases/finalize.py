@@ -18,7 +18,7 @@ from proxymode.engine.restore import (
     restore_source_spec,
 )
 from proxymode.engine.settle import not_seen, source_settled, waiting_on
-from proxymode.engine.setup import kube_proxy_version
+from proxymode.engine.setup import kube_proxy_version, remake_deleted_target
 from proxymode.engine.stages import nodes
 from proxymode.kubeproxy import ConfigError, parse_config, with_mode
 
@@ -29,6 +29,9 @@ def look(lk: Look) -> Phase | None:
     if backup is None or src_ds is None or src_cm is None:
         lk.fail(FailureReason.FINALIZE_BLOCKED, "the backup or the source objects are missing")
         return None
+    # Deleted mid-Finalizing, it took the kube-proxies of every node not yet handed back
+    # (a review saw four nodes without one, handed back one batch at a time).
+    remake_deleted_target(lk)
     if not _final_config_written(lk, backup, src_cm):
         return None
     failure = walk.drive(lk, MoveDirection.HANDBACK)
