@@ -132,6 +132,9 @@ class EventReason(StrEnum):
     TARGET_DELETED = "TargetDeleted"
     """The target DaemonSet was deleted under nodes this run moved, their kube-proxies with
     it, and is made again (Warning, naming how to stop a migration instead)."""
+    SOURCE_CONFIG_MAP_RESTORED = "SourceConfigMapRestored"
+    """The source ConfigMap was deleted under a run that must roll back: made again from the
+    snapshot (Warning), so the nodes return to a kube-proxy that starts."""
     NODE_VERIFIED = "NodeVerified"
     """A moved node proved its kube-proxy: first sync, rules, the Service (with figures)."""
     NODE_NOT_VERIFIED = "NodeNotVerified"

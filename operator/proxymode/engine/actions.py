@@ -26,6 +26,15 @@ class SaveBackup:
 
 
 @dataclass(frozen=True)
+class CreateObject:
+    """Create an object that is not the operator's when it is absent; never overwrite one
+    (a copy that lags may show it absent): the source ConfigMap made again from the
+    snapshot."""
+
+    obj: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class ApplyObject:
     """Create or update an object the operator owns (the target ConfigMap and DaemonSet)."""
 
@@ -94,6 +103,7 @@ class ClearAction:
 
 Action = (
     SaveBackup
+    | CreateObject
     | ApplyObject
     | PatchObject
     | SetNodeMode

@@ -10,11 +10,13 @@ differs and says whether all is already in place, so a look can stop at the firs
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from proxymode.api.reasons import EventReason
 from proxymode.engine import objects
-from proxymode.engine.actions import DeleteObject, PatchObject
+from proxymode.engine.actions import CreateObject, DeleteObject, PatchObject
 from proxymode.engine.look import Look
 from proxymode.engine.observed import Object
 from proxymode.engine.settle import source_settled, waiting_on
@@ -190,3 +192,42 @@ def restore(look: Look) -> bool:
         look.requeue = 2
         return False
     return done
+
+
+def remake_source_config_map(look: Look) -> bool:
+    """The source ConfigMap deleted under a run: made again from the snapshot, so that the
+    rollback can bring every node back to a kube-proxy that starts. Without it, a rollback
+    failed, and a deletion took every node's label at once, over a source DaemonSet whose
+    pods cannot start without their ConfigMap (a review: nodes left with no kube-proxy).
+    True when it is asked for."""
+    backup = look.obs.backup
+    if look.obs.source_config_map is not None or backup is None:
+        return False
+    try:
+        saved = json.loads(backup[objects.BACKUP_CONFIG_MAP])
+    except (KeyError, ValueError):
+        return False
+    meta = saved.get("metadata") or {}
+    look.actions.append(
+        CreateObject(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": look.spec.kube_proxy.config_map,
+                    "namespace": look.spec.kube_proxy.namespace,
+                    **{k: meta[k] for k in ("labels", "annotations") if meta.get(k)},
+                },
+                "data": saved.get("data") or {},
+            }
+        )
+    )
+    look.event(
+        EventReason.SOURCE_CONFIG_MAP_RESTORED,
+        f"the source ConfigMap {look.spec.kube_proxy.namespace}/{look.spec.kube_proxy.config_map}"
+        " was deleted; made again from the snapshot so that the rollback can bring every node"
+        " back to a kube-proxy that starts",
+        warning=True,
+    )
+    look.soon(1)
+    return True

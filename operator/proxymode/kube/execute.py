@@ -31,6 +31,7 @@ from proxymode.engine.actions import (
     ApplyObject,
     ClearAction,
     CreateJob,
+    CreateObject,
     DeleteObject,
     EmitEvent,
     PatchObject,
@@ -167,8 +168,8 @@ class Executor:
     def _one(self, action: Action) -> None:
         if isinstance(action, SetNodeMode):
             self._set_node_mode(action)
-        elif isinstance(action, SaveBackup | CreateJob):
-            obj = action.obj if isinstance(action, SaveBackup) else action.job
+        elif isinstance(action, SaveBackup | CreateObject | CreateJob):
+            obj = action.job if isinstance(action, CreateJob) else action.obj
             self._create(obj)
         elif isinstance(action, ApplyObject):
             obj = dict(action.obj)

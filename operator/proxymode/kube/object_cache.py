@@ -41,7 +41,14 @@ from kubernetes.client.exceptions import ApiException
 
 from proxymode.api.models import ProxyModePolicy
 from proxymode.engine import naming
-from proxymode.engine.actions import Action, ApplyObject, DeleteObject, PatchObject, SaveBackup
+from proxymode.engine.actions import (
+    Action,
+    ApplyObject,
+    CreateObject,
+    DeleteObject,
+    PatchObject,
+    SaveBackup,
+)
 from proxymode.engine.observed import SPEC_WRITERS
 from proxymode.kube.execute import FIELD_MANAGER
 from proxymode.kube.watched import Watched
@@ -93,7 +100,7 @@ def written(actions: Iterable[Action]) -> set[Key]:
     """The DaemonSets and ConfigMaps a batch of actions writes (or may have written)."""
     keys: set[Key] = set()
     for action in actions:
-        if isinstance(action, ApplyObject | SaveBackup):
+        if isinstance(action, ApplyObject | SaveBackup | CreateObject):
             meta = action.obj.get("metadata") or {}
             keys.add((str(action.obj.get("kind")), str(meta.get("namespace")), str(meta["name"])))
         elif isinstance(action, PatchObject | DeleteObject):

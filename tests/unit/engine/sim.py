@@ -46,6 +46,7 @@ from proxymode.engine.actions import (
     ApplyObject,
     ClearAction,
     CreateJob,
+    CreateObject,
     DeleteObject,
     EmitEvent,
     PatchObject,
@@ -596,8 +597,8 @@ class Sim:
             else:
                 node.labels[MODE_LABEL] = action.value
             self.log.append(f"label {action.node}={action.value}")
-        elif isinstance(action, SaveBackup):
-            key = ("ConfigMap", action.obj["metadata"]["name"])
+        elif isinstance(action, SaveBackup | CreateObject):
+            key = (str(action.obj["kind"]), action.obj["metadata"]["name"])
             if key not in self.objects:
                 self._store(copy.deepcopy(dict(action.obj)))
         elif isinstance(action, ApplyObject):

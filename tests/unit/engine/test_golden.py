@@ -23,6 +23,7 @@ from proxymode.engine.actions import (
     ApplyObject,
     ClearAction,
     CreateJob,
+    CreateObject,
     Decision,
     DeleteObject,
     EmitEvent,
@@ -61,6 +62,8 @@ def summarise(action: Action) -> str:
             text = f"job {action.job['spec']['template']['spec']['nodeName']}"
         case SaveBackup():
             text = "backup"
+        case CreateObject():
+            text = f"create {action.obj['kind']}/{action.obj['metadata']['name']}"
         case EmitEvent():
             text = f"event {action.reason}"
         case ClearAction():

@@ -227,7 +227,8 @@ def test_deleting_a_failed_policy_whose_source_is_gone_is_read_again() -> None:
 
 def _aborted_without_labels(sim: Sim) -> Run:
     """A run aborted until no node is labelled, then Failed (SourceMissing: the source
-    ConfigMap deleted), with its other changes in place (the source still patched)."""
+    DaemonSet deleted, which the rollback cannot make again; a deleted ConfigMap it makes
+    again from the snapshot), with its other changes in place (the source still patched)."""
     run = Run(sim, make_policy(stages=[{**s, "bakeSeconds": 7200} for s in THREE_STAGES]))
     run.checking = False  # the source ConfigMap goes: no world to check against
     run.until(lambda p: p.status.phase == Phase.ANALYZING)
@@ -239,11 +240,11 @@ def _aborted_without_labels(sim: Sim) -> Run:
         ),
         limit=60,
     )
-    config_map = sim.objects.pop(("ConfigMap", "kube-proxy"))
+    daemon_set = sim.objects.pop(("DaemonSet", "kube-proxy"))
     run.step()
     assert run.policy.status.phase == Phase.FAILED, run.policy.status.message
+    sim.objects[("DaemonSet", "kube-proxy")] = daemon_set  # a person puts it back
     assert objects.source_is_patched(sim.get("DaemonSet", "kube-proxy"), "nftables")
-    sim.objects[("ConfigMap", "kube-proxy")] = config_map  # a person puts it back
     sim.action = None
     return run
 
@@ -254,7 +255,7 @@ def test_a_release_on_a_copy_that_lags_a_recreated_source_is_read_again() -> Non
     run = _aborted_without_labels(Sim.cluster({"canary": 2, "general": 2}))
     run.deleting = True
     fresh = run.observe()
-    cached = advance(run.policy, replace(fresh, source_config_map=None))
+    cached = advance(run.policy, replace(fresh, source_daemon_set=None))
     assert cached.release_finalizer
     assert not any(isinstance(a, SetNodeMode) for a in cached.actions)
     assert needs_second_look(run.policy.status, cached)

@@ -117,24 +117,29 @@ def test_a_rollback_stuck_on_a_broken_source_template_ends_once_a_person_fixes_i
     assert not nodes_labelled(sim, "nftables") and not nodes_labelled(sim, "switching")
 
 
-def test_deleting_a_policy_whose_source_config_map_is_gone_restores_the_source_daemon_set() -> None:
+def test_deleting_a_policy_whose_source_config_map_is_gone_makes_it_again_and_rolls_back() -> None:
     """A review: the source ConfigMap deleted mid-bake (Failed: it disappeared), then the
-    policy deleted: its labels went, but the source DaemonSet stayed patched (OnDelete, the
-    exclusion term, the strategy annotation), which needs only the DaemonSet and the
-    snapshot to undo."""
+    policy deleted: every label went at once and the finalizer with it, over source pods
+    that cannot start without their ConfigMap (nodes without any kube-proxy), and the
+    source DaemonSet stayed patched. The rollback now makes the ConfigMap again from the
+    snapshot and brings every node back, within the budget."""
     sim = Sim.cluster({"canary": 2, "general": 2})
     before = json.loads(json.dumps(sim.get("DaemonSet", "kube-proxy")["spec"]))
+    config = json.loads(json.dumps(sim.get("ConfigMap", "kube-proxy")["data"]))
     run = Run(sim, make_policy(stages=[{**s, "bakeSeconds": 600} for s in THREE_STAGES]))
     run.checking = False  # the ConfigMap goes: no world to check against
     run.until(phase_is(Phase.ANALYZING))
     del sim.objects[("ConfigMap", "kube-proxy")]
     run.until(phase_is(Phase.FAILED))
     run.deleting = True
-    for _ in range(20):
+    run.checking = True
+    for _ in range(200):
         if run.step().release_finalizer:
             break
     else:
         raise AssertionError(f"the finalizer was held: {run.policy.status.message}")
+    assert sim.get("ConfigMap", "kube-proxy")["data"] == config
+    assert len(run.events("SourceConfigMapRestored")) == 1
     ds = sim.get("DaemonSet", "kube-proxy")
     assert ds["spec"]["updateStrategy"] == before["updateStrategy"]
     assert ds["spec"]["template"]["spec"].get("affinity") == before["template"]["spec"].get(
@@ -142,3 +147,6 @@ def test_deleting_a_policy_whose_source_config_map_is_gone_restores_the_source_d
     )
     assert "proxymode.io/original-update-strategy" not in ds["metadata"].get("annotations", {})
     assert not nodes_labelled(sim, "nftables") and not nodes_labelled(sim, "switching")
+    for node in sim.nodes:
+        (pod,) = sim.proxies_on(node)
+        assert pod.owner == "kube-proxy" and pod.ready and pod.mode == "iptables", node

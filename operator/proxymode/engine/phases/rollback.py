@@ -18,8 +18,8 @@ from proxymode.engine.observed import SWITCHING, ProxyKind
 from proxymode.engine.preflight.nodes import scheduled_by
 from proxymode.engine.restore import (
     patch_config_data,
+    remake_source_config_map,
     restore,
-    restore_source_spec,
     source_config_to_restore,
     undo_source_patch,
 )
@@ -33,7 +33,9 @@ HELD = "the move back of "
 
 def look(lk: Look) -> Phase | None:
     if lk.obs.source_daemon_set is None or lk.obs.source_config_map is None:
-        lk.fail(FailureReason.SOURCE_MISSING, f"rollback cannot finish: {_source_gone(lk)}")
+        # A deleted ConfigMap is made again from the snapshot; a deleted DaemonSet is not.
+        if lk.obs.source_daemon_set is None or not remake_source_config_map(lk):
+            lk.fail(FailureReason.SOURCE_MISSING, f"rollback cannot finish: {_source_gone(lk)}")
         return None
     if not _source_config_first(lk):
         return None
@@ -295,21 +297,20 @@ def on_delete(lk: Look) -> Phase | None:
         # Nothing of this policy's is left to undo; what it owns goes with it (GC).
         lk.release = True
         return None
-    if lk.obs.source_daemon_set is None or lk.obs.source_config_map is None:
+    src_ds = lk.obs.source_daemon_set
+    # Only the ConfigMap gone, and the snapshot there: the rollback makes it again from the
+    # snapshot (restore.remake_source_config_map) and brings every node back. Releasing here
+    # took every label at once over source pods that cannot start (a review).
+    remade = src_ds is not None and lk.obs.backup is not None
+    if src_ds is None or (lk.obs.source_config_map is None and not remade):
         # Nothing to roll back to: the nodes cannot return to a DaemonSet that is gone. Say
         # so once, take our labels off, and let the policy go (its objects go with it).
         message = f"{_source_gone(lk)}; deleted without a rollback"
         lk.fail(FailureReason.SOURCE_MISSING, message)
-        src_ds = lk.obs.source_daemon_set
         if src_ds is not None:
-            # Only the ConfigMap is gone: the DaemonSet's own strategy and affinity need
-            # nothing else (a review found it left OnDelete, its annotation on).
-            if lk.obs.backup is not None:
-                restore_source_spec(
-                    lk, src_ds, lk.obs.backup, "restore the source DaemonSet from the snapshot"
-                )
-            else:
-                undo_source_patch(lk, src_ds)
+            # Its own strategy and affinity need nothing else (a review found it left
+            # OnDelete, its annotation on).
+            undo_source_patch(lk, src_ds)
         for name in walk.labelled(lk, lk.planned()):
             view = lk.obs.node(name)
             lk.actions.append(SetNodeMode(name, None, expect=view.mode_label if view else None))
