@@ -107,7 +107,23 @@ def test_plan_of_a_running_policy_does_not_call_its_own_moves_a_person_s_labels(
     running = planning.plan_view(spec(), replace(observe(cluster=nodes), backup={"run": "1"}), "p")
     assert "NodesAlreadyLabelled" not in [f["code"] for f in running["findings"]]
     assert running["wouldStart"] is True and running["running"] is True
-    assert "ProxyModePolicy p exists and is running" in planning.render(running)
+    assert "ProxyModePolicy p exists and has changed the cluster" in planning.render(running)
+
+
+def test_plan_beside_another_policy_in_flight_does_not_say_remove_its_labels() -> None:
+    """A review: ``plan -f`` of a second policy while one was running said
+    AnotherPolicyInFlight and also NodesAlreadyLabelled, "remove the label": the running
+    policy's moved nodes. The operator's own preflight says only the first."""
+    nodes = tuple(
+        replace(n, labels={**n.labels, "proxymode.io/mode": "nftables"})
+        if n.name.startswith("canary")
+        else n
+        for n in cluster()
+    )
+    v = planning.plan_view(spec(), observe(cluster=nodes, other_policies=("pr",)), "p")
+    codes = [f["code"] for f in v["findings"]]
+    assert "AnotherPolicyInFlight" in codes and "NodesAlreadyLabelled" not in codes
+    assert v["wouldStart"] is False
 
 
 def _node(name: str, pool: str, kernel: str) -> dict[str, Any]:
@@ -208,7 +224,7 @@ def test_advice_names_a_completed_mixed_mode_policy_as_driving_the_nodes() -> No
     a = advice.advise(inventory())
     mixed = {
         "metadata": {"name": "ph"},
-        "spec": {"targetMode": "nftables"},
+        "spec": {"targetMode": "nftables", "finalize": False},
         "status": {"phase": "Completed", "finalized": False, "nodeProgress": "6/6"},
     }
     finalized = {**mixed, "status": {"phase": "Completed", "finalized": True}}
@@ -220,6 +236,9 @@ def test_advice_names_a_completed_mixed_mode_policy_as_driving_the_nodes() -> No
     )
     assert "Set finalize: true on it" in text
     assert advice.with_policies(a, [finalized]) == a
+    partial = {**mixed, "spec": {"targetMode": "nftables", "finalize": True}}
+    text = advice.render(advice.with_policies(a, [partial]))
+    assert "Its stages do not cover every node, so it cannot finalize" in text
 
 
 @pytest.mark.parametrize("version", ["v1.35.0", "v1.36.3", "v1.37.2"])

@@ -41,8 +41,9 @@ ROOT_RULES = [
             " || (self.status.phase in ['Preflight', 'Failed'] && !has(self.status.backup))"
         ),
         "message": (
-            "targetMode cannot change while a rollout is in flight or after it completed;"
-            " abort it (or create a new policy) to choose another mode"
+            "targetMode cannot change while a rollout is in flight, after it completed, or"
+            " after a failed run changed the cluster; abort it (retry, if it Failed: that"
+            " rolls back first), or create a new policy, to choose another mode"
         ),
         "reason": "FieldValueForbidden",
         "fieldPath": ".spec.targetMode",

@@ -90,6 +90,7 @@ def with_policies(a: Advice, policies: Sequence[dict[str, Any]]) -> Advice:
             "phase": (p.get("status") or {}).get("phase", ""),
             "mixedMode": (p.get("status") or {}).get("finalized") is False
             and (p.get("status") or {}).get("phase") == str(models.Phase.COMPLETED),
+            "finalize": bool((p.get("spec") or {}).get("finalize", True)),
             "targetMode": (p.get("spec") or {}).get("targetMode"),
             "nodeProgress": (p.get("status") or {}).get("nodeProgress"),
         }
@@ -407,10 +408,16 @@ def render(a: Advice) -> str:
             out[2:2] = [
                 f"  Note: policy {p['name']} is Completed in mixed mode: its nodes"
                 f"{progress.replace(', ', ' (', 1) + ')' if progress else ''} run"
-                f" {p['targetMode']} through its own DaemonSet (finalize: false), while this"
-                " reads the cluster as the source mode; no starter policy is offered while"
-                " it exists (a second would be refused). Set finalize: true on it to make"
-                f" {p['targetMode']} permanent, or delete it to move every node back.",
+                f" {p['targetMode']} through its own DaemonSet, while this reads the cluster"
+                " as the source mode; no starter policy is offered while it exists (a second"
+                " would be refused). "
+                + (
+                    "Its stages do not cover every node, so it cannot finalize: add a stage"
+                    " for the rest to make"
+                    if p.get("finalize")
+                    else "Set finalize: true on it to make"
+                )
+                + f" {p['targetMode']} permanent, or delete it to move every node back.",
             ]
             continue
         out[2:2] = [

@@ -45,10 +45,12 @@ def plan_view(spec: PolicySpec, observed: Observed, name: str = "") -> dict[str,
     """Preflight, the stages' nodes by zone, and every node left out with the reason."""
     result = run_preflight(spec, observed)
     running = observed.backup is not None
-    if running:
-        # A policy of this name has a snapshot: it is running, and the labelled nodes are its
-        # own moves, as the engine's preflight reads them. "Remove the label" would have
-        # pointed at its moved canaries (a review).
+    rival = any(f.code == Code.ANOTHER_POLICY_IN_FLIGHT for f in result.findings)
+    if running or rival:
+        # As the engine's preflight reads them: a policy of this name with a snapshot has
+        # changed the cluster, and the labelled nodes are its own moves; with another policy
+        # in flight they are that one's. "Remove the label" would have pointed at moved
+        # canaries (two reviews).
         result = result.without(Code.NODES_ALREADY_LABELLED)
     eligible_names = set(result.eligible)
     eligible = [
@@ -116,7 +118,8 @@ def render(v: Mapping[str, Any]) -> str:
     if v.get("running"):
         out.insert(
             1,
-            f"Note: ProxyModePolicy {v['name']} exists and is running (its snapshot exists): this"
+            f"Note: ProxyModePolicy {v['name']} exists and has changed the cluster (its snapshot"
+            " exists): this"
             " is the whole plan as a new run would take it; its nodes on the target label are"
             " its own moves. An edit of its stages pauses it (PlanChanged) until resumed; the"
             " nodes it moved stay in their stages.",

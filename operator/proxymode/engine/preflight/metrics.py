@@ -137,8 +137,9 @@ def series_findings(
                     Code.QUERY_INVALID,
                     f"Check {check.name}'s query is not PromQL Prometheus accepts: it"
                     f" {series.invalid}. Every round would be inconclusive, after nodes"
-                    f" moved. Fix spec.analysis.checks[{check.name}].query (its placeholders"
-                    " {{nodes}} and {{by_node}} are filled in before it is sent), then retry.",
+                    f" moved. Fix spec.analysis.checks[{check.name}].query, then retry"
+                    " (positions count in the query as sent, with {{nodes}} and {{by_node}}"
+                    " filled in).",
                 )
             )
             continue
