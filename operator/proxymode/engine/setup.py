@@ -204,5 +204,7 @@ def remake_deleted_target(look: Look) -> None:
     the status healthy (a review). Made again here, and said (``TargetDeleted``)."""
     if look.obs.target_daemon_set is not None or look.obs.backup is None:
         return
-    if any(n.mode_label == look.target_mode for n in look.obs.nodes):
+    # This run's nodes only: another migration (another kube-proxy DaemonSet) labels its
+    # own the same way, and counting them made a finished target again (CI, 2026-12-07).
+    if any(look.at_target(n) for n in look.planned()):
         ensure_setup(look)

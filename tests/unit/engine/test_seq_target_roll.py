@@ -420,3 +420,26 @@ def test_a_newcomer_in_mixed_mode_waits_for_a_direct_edit_s_roll() -> None:
 
 def nodes_on(sim: Sim, mode: str) -> set[str]:
     return {n for n, v in sim.nodes.items() if v.labels.get(MODE_LABEL) == mode}
+
+
+def test_another_migration_s_labels_do_not_make_a_finished_target_again() -> None:
+    """CI (examples run side by side, each on a kube-proxy of its own): a node labelled by
+    another migration made this policy's finalized target DaemonSet again, after Finalizing
+    had deleted it. Only this run's nodes say the target was deleted under them."""
+    sim = Sim.cluster({"canary": 2, "general": 2, "other": 1})
+    # This kube-proxy does not run on pool "other"; another one, migrated by another
+    # policy, does, and labelled its node.
+    ds = copy.deepcopy(sim.get("DaemonSet", "kube-proxy"))
+    for name, node in sim.nodes.items():
+        if not name.startswith("other"):
+            node.labels["pool-owner"] = "mine"
+    ds["spec"]["template"]["spec"]["nodeSelector"] = {"pool-owner": "mine"}
+    sim._store(ds)
+    sim.pods = [p for p in sim.pods if p.node != "other-1"]
+    sim.nodes["other-1"].labels[MODE_LABEL] = "nftables"
+    run = Run(sim, make_policy(), check=False)
+    run.until(terminal)
+    assert run.policy.status.phase == Phase.COMPLETED and run.policy.status.finalized
+    run.steps(3)
+    assert sim.get("DaemonSet", "kube-proxy-nftables") is None
+    assert not run.events("TargetDeleted")
