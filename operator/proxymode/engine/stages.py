@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from proxymode.api.models import (
     AnalysisStatus,
+    LabelSelector,
     MoveDirection,
     Phase,
     Preflight,
@@ -222,20 +223,24 @@ def _drop_untouched_leavers(look: Look, stages: list[StageStatus]) -> list[str]:
     for spec_stage, stage in zip(look.spec.stages, stages, strict=False):
         if stage.phase == StagePhase.PENDING:
             continue
-        moved = set(stage.moved or [])
-
-        def leaves(name: str, spec_stage: Stage = spec_stage, moved: set[str] = moved) -> bool:
-            view = look.obs.node(name)
-            if name in moved or name in flying or (view is not None and view.mode_label):
-                return False
-            if name not in chosen or view is None:
-                return True
-            selector = spec_stage.node_selector
-            return selector is not None and not selector_matches(selector, view.labels)
-
-        dropped += [n for n in stage.nodes if leaves(n)]
-        stage.nodes = [n for n in stage.nodes if not leaves(n)]
+        touched = flying | set(stage.moved or [])
+        selector = spec_stage.node_selector
+        leaving = {n for n in stage.nodes if _left_by_spec(look, n, selector, chosen, touched)}
+        dropped += [n for n in stage.nodes if n in leaving]
+        stage.nodes = [n for n in stage.nodes if n not in leaving]
     return dropped
+
+
+def _left_by_spec(
+    look: Look, name: str, selector: LabelSelector | None, chosen: set[str], touched: set[str]
+) -> bool:
+    """Untouched (no move, no label) and no longer selected by the spec or the stage."""
+    view = look.obs.node(name)
+    if name in touched or (view is not None and view.mode_label):
+        return False
+    if view is None or name not in chosen:
+        return True
+    return selector is not None and not selector_matches(selector, view.labels)
 
 
 def covers_every_node(look: Look) -> bool:
