@@ -96,14 +96,24 @@ def target_text(look: Look, snapshot: dict[str, str]) -> str | None:
         else:
             # Changed mid-run (preflight rendered the spec it started with): hold, as for
             # any plan edit, rather than fail with moved nodes nobody watches any more.
-            look.pause(
-                PauseReason.TARGET_CONFIG_INVALID,
-                f"cannot render the target configuration: {e}; the target DaemonSet keeps the"
-                " configuration it has: fix spec.configOverrides and annotate"
-                " proxymode.io/action=resume, or abort to roll back",
+            hold_on_bad_config(
+                look,
+                "the target configuration",
+                e,
+                "the target DaemonSet keeps the configuration it has: ",
             )
         return None
     return rendered.text
+
+
+def hold_on_bad_config(look: Look, what: str, error: Exception, kept: str = "") -> None:
+    """Pause on a ``configOverrides`` edit the configuration cannot be rendered from, mid-run
+    (rollout or finalize): moves in flight finish while paused; fix and resume goes on."""
+    look.pause(
+        PauseReason.TARGET_CONFIG_INVALID,
+        f"cannot render {what}: {error}; {kept}fix spec.configOverrides and annotate"
+        " proxymode.io/action=resume, or abort to roll back",
+    )
 
 
 def ensure_setup(look: Look) -> bool:

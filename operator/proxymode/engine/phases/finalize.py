@@ -18,7 +18,7 @@ from proxymode.engine.restore import (
     restore_source_spec,
 )
 from proxymode.engine.settle import not_seen, source_settled, waiting_on
-from proxymode.engine.setup import kube_proxy_version, remake_deleted_target
+from proxymode.engine.setup import hold_on_bad_config, kube_proxy_version, remake_deleted_target
 from proxymode.engine.stages import nodes
 from proxymode.kubeproxy import ConfigError, parse_config, with_mode
 
@@ -75,11 +75,7 @@ def _final_config_written(lk: Look, backup: Mapping[str, str], src_cm: Object) -
         # A configOverrides edit mid-Finalizing: hold, the hand-backs in flight finishing
         # while paused. Failing left one at switching with no kube-proxy, and resume refused
         # (a review).
-        lk.pause(
-            PauseReason.TARGET_CONFIG_INVALID,
-            f"cannot render the final configuration: {e}; fix spec.configOverrides and"
-            " annotate proxymode.io/action=resume, or abort to roll back",
-        )
+        hold_on_bad_config(lk, "the final configuration", e)
         return False
     desired = {**base, key: final}
     if not _kept_before_finalize(lk, backup, current.get(key), final):
