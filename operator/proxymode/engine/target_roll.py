@@ -23,6 +23,7 @@ case, docs/reliability.md finding 12). So the roll is treated like one more move
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from proxymode.api.reasons import EventReason
@@ -113,19 +114,14 @@ def stop(look: Look) -> None:
     ds = look.obs.target_daemon_set
     if ds is None or (ds["spec"].get("updateStrategy") or {}).get("type") == "OnDelete":
         return
-    meta = ds["metadata"]
     # Unguarded (no resourceVersion test): the operator owns the target DaemonSet and
     # writes this one field, and a failed action stops the look's batch, so a guard that
     # lost a race with the controller's status writes would hold the walk back behind it.
-    look.actions.append(
-        PatchObject(
-            "apps/v1",
-            "DaemonSet",
-            meta["namespace"],
-            meta["name"],
-            [{"op": "add", "path": "/spec/updateStrategy", "value": {"type": "OnDelete"}}],
-            why="stop the target DaemonSet's own rolling update: the rollback walks nodes back",
-        )
+    _patch(
+        look,
+        ds,
+        {"op": "add", "path": "/spec/updateStrategy", "value": {"type": "OnDelete"}},
+        "stop the target DaemonSet's own rolling update: the rollback walks nodes back",
     )
 
 
@@ -162,15 +158,14 @@ def report_edit(look: Look, source: str) -> None:
         op.update(path="/metadata/annotations/proxymode.io~1edit-reported", value=generation)
     else:
         op.update(value={EDIT_REPORTED: generation})
+    _patch(look, ds, op, "remember that this edit of the target DaemonSet was said")
+
+
+def _patch(look: Look, ds: Object, op: Mapping[str, Any], why: str) -> None:
+    """One unguarded JSON-patch op on the target DaemonSet (the operator's own: see stop)."""
+    meta = ds["metadata"]
     look.actions.append(
-        PatchObject(
-            "apps/v1",
-            "DaemonSet",
-            meta["namespace"],
-            meta["name"],
-            [op],
-            why="remember that this edit of the target DaemonSet was said",
-        )
+        PatchObject("apps/v1", "DaemonSet", meta["namespace"], meta["name"], [op], why=why)
     )
 
 
